@@ -1,0 +1,38 @@
+"""harel-store: the durable execution store of a Harel statechart engine, over libSQL."""
+
+from __future__ import annotations
+
+from harel_store.aio import AsyncLibsqlStore
+from harel_store.errors import SchemaError, StoreBusy, StoreConflict, StoreError
+from harel_store.models import (
+    DefinitionRecord,
+    Event,
+    Execution,
+    ExecutionPage,
+    ExecutionSummary,
+    OutboxEntry,
+    SpawnEntry,
+    TimerOp,
+)
+from harel_store.sql import HEAD
+from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, SqliteStore
+
+__all__ = [
+    "DEFAULT_TRACE_MAX",
+    "HEAD",
+    "AsyncLibsqlStore",
+    "DefinitionRecord",
+    "Event",
+    "Execution",
+    "ExecutionPage",
+    "ExecutionSummary",
+    "LibsqlStore",
+    "OutboxEntry",
+    "SchemaError",
+    "SpawnEntry",
+    "SqliteStore",
+    "StoreBusy",
+    "StoreConflict",
+    "StoreError",
+    "TimerOp",
+]

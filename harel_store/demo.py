@@ -1,0 +1,145 @@
+"""The quick-start job: an order workflow driven through the store, printed as it goes.
+
+An order forks into two child executions (payment, shipping) through the spawn relay; the
+children report back through the outbox; a reminder timer fires; the parent joins and
+finishes. Every step is one ``commit`` with a trace entry, as an engine would write it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any, TextIO
+
+from harel_store.models import DefinitionRecord, Event, Execution, TimerOp
+from harel_store.store import Store
+
+ORDER_MACHINE: dict[str, Any] = {
+    "id": "order",
+    "states": {
+        "placed": {"parallel": ["payment", "shipping"], "after": {"0.3s": "remind"}},
+        "done": {"final": True},
+    },
+}
+
+
+def _step(event: str, source: str, target: str, **extra: Any) -> dict[str, Any]:
+    return {"event": event, "transition": f"{source} -> {target}", "at": time.time(), **extra}
+
+
+def run(store: Store, out: TextIO) -> str:
+    """Drive one order to completion through ``store``; return the order's id."""
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    source = json.dumps(ORDER_MACHINE, sort_keys=True)
+    record = store.publish_definition(
+        DefinitionRecord(
+            definition_id="order",
+            version=1,
+            digest=hashlib.sha256(source.encode()).hexdigest(),
+            source={"order.json": ORDER_MACHINE},
+            published_at=time.time(),
+        )
+    )
+    say(f"published definition order v{record.version} ({record.digest[:12]})")
+
+    order = Execution(
+        id=f"order-{uuid.uuid4().hex[:8]}",
+        definition_id="order",
+        active_path="new",
+        context={"items": 3, "total": 42.5},
+    )
+    store.save(order)
+    say(f"created {order.id} at version {order.version}")
+
+    # The fork: both children and the reminder timer commit with the parent's advance.
+    place = Event(name="place")
+    order.active_path = "placed"
+    store.commit(
+        order,
+        [],
+        processed_event_id=place.id,
+        timers=(TimerOp.schedule("placed.remind", time.time() + 0.3),),
+        spawns=(
+            (f"{order.id}.payment", "payment", {"amount": 42.5}),
+            (f"{order.id}.shipping", "shipping", {"items": 3}),
+        ),
+        trace=_step("place", "new", "placed"),
+    )
+    say(f"{order.id}: place -> placed (v{order.version}), forked 2 children, timer armed")
+
+    for spawn in store.pending_spawns():  # the spawn relay: create each child, then ack
+        child = Execution(
+            id=spawn.child_id,
+            definition_id="order",
+            parent_id=spawn.parent_id,
+            active_path=spawn.root_path,
+            context=spawn.context,
+        )
+        if store.load(child.id) is None:
+            store.save(child)
+        store.ack_spawn(spawn.seq)
+        say(f"spawn relay: created {child.id}")
+
+    for child_id, done in ((f"{order.id}.payment", "paid"), (f"{order.id}.shipping", "shipped")):
+        child = store.load(child_id)
+        assert child is not None
+        child.status, child.outcome, child.finished_at = "finished", done, time.time()
+        seqs = store.commit(
+            child,
+            [(order.id, Event(name=done, payload={"from": child_id}))],
+            trace=_step("work", child.active_path or "", "done"),
+        )
+        say(f"{child_id}: finished ({done}), emitted outbox #{seqs[0]} to the parent")
+
+    time.sleep(0.35)
+    for execution_id, path, fire_at in store.due_timers(time.time()):  # the timer sweep
+        exe = store.load(execution_id)
+        assert exe is not None
+        store.commit(
+            exe,
+            [],
+            timers=(TimerOp.cancel(path),),
+            trace=_step(f"timer:{path}", "placed", "placed", note="reminder sent"),
+        )
+        store.delete_timer(execution_id, path, fire_at)
+        say(f"timer {path} fired for {execution_id}")
+
+    joined: list[str] = []
+    for entry in store.pending_outbox():  # the outbox relay: deliver, dedupe, ack
+        target = entry.target_id
+        if target is None:
+            store.ack_outbox(entry.seq)
+            continue
+        exe, seen = store.load_for_event(target, entry.event.id)
+        if exe is not None and not seen:
+            joined.append(entry.event.name)
+            emits: list[tuple[str | None, Event]] = []
+            if len(joined) == 2:  # the join: both regions are done
+                exe.status, exe.outcome, exe.finished_at = "finished", "completed", time.time()
+                exe.active_path = "done"
+                emits = [(None, Event(name="order.completed", payload={"order": exe.id}))]
+            store.commit(
+                exe,
+                emits,
+                processed_event_id=entry.event.id,
+                trace=_step(entry.event.name, "placed", exe.active_path or ""),
+            )
+        store.ack_outbox(entry.seq)
+        say(f"outbox relay: delivered #{entry.seq} {entry.event.name} to {target}")
+    for entry in store.pending_outbox():
+        say(f"outbox relay: published #{entry.seq} {entry.event.name} {entry.event.payload}")
+        store.ack_outbox(entry.seq)
+
+    say(f"trace of {order.id}:")
+    for step in store.read_trace(order.id):
+        say(f"  {step['index']}: {step['event']:<10} {step['transition']}")
+    say("executions:")
+    for s in store.list_executions(definition_id="order", limit=10).items:
+        if s.id.startswith(order.id):
+            say(f"  {s.id:<32} v{s.version} {s.status:<9} {s.outcome or ''}")
+    return order.id

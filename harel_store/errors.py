@@ -1,0 +1,48 @@
+"""The store's exceptions: one root, driver errors translated in one place (`translate`)."""
+
+from __future__ import annotations
+
+import re
+
+
+class StoreError(Exception):
+    """Root of every error the store raises; a driver's error is kept as ``__cause__``."""
+
+
+class StoreConflict(StoreError):
+    """The version CAS failed: another writer moved the execution first (or it is gone)."""
+
+    def __init__(self, execution_id: str, expected: int, found: int | None) -> None:
+        super().__init__(
+            f"execution {execution_id!r} is at version {found}, not {expected}"
+            if found is not None
+            else f"execution {execution_id!r} does not exist (expected version {expected})"
+        )
+        self.execution_id = execution_id
+        self.expected = expected
+        self.found = found
+
+
+class StoreBusy(StoreError):
+    """The database stayed locked by another connection past the busy timeout; retry."""
+
+
+class SchemaError(StoreError):
+    """The database's schema is missing, behind or ahead of this code."""
+
+
+_BUSY = re.compile(r"database is (locked|busy)|SQLITE_BUSY", re.IGNORECASE)
+_AUTH = re.compile(r"\b401\b|unauthori[sz]ed|authenticat", re.IGNORECASE)
+
+
+def translate(exc: BaseException, secrets: tuple[str, ...] = ()) -> StoreError:
+    """Turn a driver error into the store's own, never repeating a secret it may quote."""
+    text = str(exc) or type(exc).__name__
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    if _AUTH.search(text):
+        return StoreError(f"authentication failed: the server refused the auth token ({text})")
+    if _BUSY.search(text):
+        return StoreBusy(f"database is locked by another connection past the busy timeout: {text}")
+    return StoreError(text)

@@ -1,0 +1,129 @@
+"""The values the engine hands the store and gets back (pydantic v2 models, named tuples)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+# Ids are keys: non-empty, bounded, and really strings (no silent coercion from int).
+Id = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
+Status = Literal["running", "finished", "failed", "cancelled"]
+STATUSES: tuple[str, ...] = ("running", "finished", "failed", "cancelled")
+
+
+class Execution(BaseModel):
+    """One statechart execution. ``version`` is the optimistic-concurrency counter."""
+
+    model_config = ConfigDict(validate_assignment=True, extra="allow")
+
+    id: Id
+    definition_id: Id
+    version: int = Field(default=0, ge=0, strict=True)
+    status: Status = "running"
+    outcome: str | None = None
+    active_path: str | None = None
+    parent_id: Id | None = None
+    finished_at: float | None = Field(default=None, allow_inf_nan=False)
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Event(BaseModel):
+    """An event handled or emitted by an execution; ``id`` is its dedupe key."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
+    id: Id = Field(default_factory=_new_id)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class TimerOp(BaseModel):
+    """A timer change carried by a commit: ``TimerOp.schedule(path, at)`` or ``.cancel(path)``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Literal["schedule", "cancel"]
+    path: Id
+    fire_at: float | None = Field(default=None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _fire_at_if_scheduled(self) -> TimerOp:
+        if self.action == "schedule" and self.fire_at is None:
+            raise ValueError("a scheduled timer needs a finite fire_at")
+        return self
+
+    @classmethod
+    def schedule(cls, path: str, fire_at: float) -> TimerOp:
+        """Arm (or re-arm) the timer at ``path`` to fire at epoch second ``fire_at``."""
+        return cls(action="schedule", path=path, fire_at=fire_at)
+
+    @classmethod
+    def cancel(cls, path: str) -> TimerOp:
+        """Disarm the timer at ``path`` (a no-op if none is armed)."""
+        return cls(action="cancel", path=path)
+
+
+class OutboxEntry(NamedTuple):
+    seq: int
+    target_id: str | None
+    event: Event
+
+
+class SpawnEntry(NamedTuple):
+    seq: int
+    parent_id: str
+    child_id: str
+    root_path: str
+    context: dict[str, Any]
+
+
+class ExecutionSummary(BaseModel):
+    """The scalar fields of an execution, as the monitor lists them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    definition_id: str
+    version: int
+    status: str
+    outcome: str | None = None
+    active_path: str | None = None
+    parent_id: str | None = None
+    finished_at: float | None = None
+
+
+class ExecutionPage(BaseModel):
+    """One page of a listing; pass ``next_cursor`` back for the next (None: no more)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[ExecutionSummary]
+    next_cursor: str | None = None
+
+
+class DefinitionRecord(BaseModel):
+    """One published version of a machine definition; ``source`` holds its files."""
+
+    model_config = ConfigDict(frozen=True)
+
+    definition_id: Id
+    version: int = Field(ge=0, strict=True)
+    digest: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
+    source: dict[str, Any]
+    published_at: float | None = Field(default=None, allow_inf_nan=False)
+
+
+def check_finite(value: float, name: str) -> float:
+    """A time the store compares against: a real, finite number of epoch seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of epoch seconds, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, not {value!r}")
+    return float(value)

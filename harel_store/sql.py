@@ -1,0 +1,101 @@
+"""The SQL the store runs, read once from the package's ``sql/`` folder.
+
+``queries.sql`` holds named blocks (``-- name: load_execution$``); the suffix of a name says
+what a call returns (see the file's header). Migrations are ``sql/migrations/NNNN_name.up.sql``
+and ``.down.sql``, run statement by statement inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+def resource(name: str) -> Path:
+    """A folder shipped with the package: inside it in a wheel, beside it in a checkout."""
+    installed = _HERE / name
+    return installed if installed.exists() else _HERE.parent / name
+
+
+SQL_DIR = resource("sql")
+
+_NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^!]?)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    kind: str  # "" rows, "^" one row, "$" one value, "!" rowcount
+    sql: str
+
+
+def parse_queries(text: str) -> dict[str, Query]:
+    """Split ``queries.sql`` into its named blocks; comment lines inside a block are dropped."""
+    heads = list(_NAME.finditer(text))
+    queries: dict[str, Query] = {}
+    for head, nxt in zip(heads, [*heads[1:], None], strict=True):
+        body = text[head.end() : nxt.start() if nxt else len(text)]
+        lines = [ln for ln in body.splitlines() if ln.strip() and not ln.lstrip().startswith("--")]
+        sql = "\n".join(lines).strip().rstrip(";")
+        name = head["name"]
+        if not sql or name in queries:
+            raise ValueError(f"queries.sql: block {name!r} is empty or defined twice")
+        queries[name] = Query(name, head["kind"], sql)
+    return queries
+
+
+QUERIES = parse_queries((SQL_DIR / "queries.sql").read_text(encoding="utf-8"))
+
+
+def split_statements(script: str) -> Iterator[str]:
+    """The complete statements of a script, one at a time, comments-only chunks skipped."""
+    chunk = ""
+    for line in script.splitlines(keepends=True):
+        chunk += line
+        if sqlite3.complete_statement(chunk):
+            body = "\n".join(
+                ln for ln in chunk.splitlines() if ln.strip() and not ln.lstrip().startswith("--")
+            ).strip()
+            if body:
+                yield body.rstrip(";")
+            chunk = ""
+    if chunk.strip() and any(
+        ln.strip() and not ln.lstrip().startswith("--") for ln in chunk.splitlines()
+    ):
+        raise ValueError(f"incomplete SQL statement at the end of the script: {chunk.strip()!r}")
+
+
+@dataclass(frozen=True)
+class Migration:
+    revision: str  # "0001"
+    name: str  # "0001_initial"
+    down_revision: str | None
+
+    def statements(self, direction: str = "up") -> list[str]:
+        path = SQL_DIR / "migrations" / f"{self.name}.{direction}.sql"
+        return list(split_statements(path.read_text(encoding="utf-8")))
+
+
+_MIGRATION_FILE = re.compile(r"^(?P<rev>\d{4})_[a-z0-9_]+\.up\.sql$")
+
+
+def load_migrations() -> list[Migration]:
+    """The migration chain, in order, from the ``.up.sql`` file names."""
+    names = sorted(p.name for p in (SQL_DIR / "migrations").glob("*.up.sql"))
+    chain: list[Migration] = []
+    for file in names:
+        m = _MIGRATION_FILE.match(file)
+        if m is None:
+            raise ValueError(f"sql/migrations/{file}: name must look like 0001_initial.up.sql")
+        down = chain[-1].revision if chain else None
+        chain.append(Migration(m["rev"], file.removesuffix(".up.sql"), down))
+    return chain
+
+
+MIGRATIONS = load_migrations()
+HEAD = MIGRATIONS[-1].revision

@@ -1,0 +1,56 @@
+"""Alembic environment: SQLite DDL is transactional, so every migration is one transaction."""
+
+from __future__ import annotations
+
+import os
+from logging.config import fileConfig
+from typing import Any
+
+from alembic import context
+from sqlalchemy import create_engine, event, pool
+
+from harel_store.migrate import database_from_env, sqlalchemy_url
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logger", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+url = sqlalchemy_url(
+    context.get_x_argument(as_dictionary=True).get("url")
+    or os.environ.get("HAREL_DATABASE_URL")
+    or str(config.get_main_option("sqlalchemy.url") or database_from_env())
+)
+options: dict[str, Any] = {"transactional_ddl": True, "transaction_per_migration": True}
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=url, literal_binds=True, **options)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    token = os.environ.get("HAREL_AUTH_TOKEN")
+    engine = create_engine(
+        url, poolclass=pool.NullPool, connect_args={"auth_token": token} if token else {}
+    )
+
+    # The libsql driver never opens a transaction before DDL, so a failed migration would
+    # leave its first tables behind; open one ourselves (SQLAlchemy's pysqlite recipe).
+    # IMMEDIATE takes the write lock before Alembic reads the current revision, so a second
+    # process running the same upgrade waits, then finds the work done.
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    with engine.connect() as connection:
+        context.configure(connection=connection, **options)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
