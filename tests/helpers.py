@@ -1,0 +1,40 @@
+"""Helpers shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from harel_store import AsyncLibsqlStore
+from harel_store.store import Store
+
+
+class SyncFacade:
+    """Drives an AsyncLibsqlStore from a sync test body, on one private event loop."""
+
+    def __init__(self, store: AsyncLibsqlStore, loop: asyncio.AbstractEventLoop) -> None:
+        object.__setattr__(self, "_store", store)
+        object.__setattr__(self, "_loop", loop)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._loop.run_until_complete(attr(*args, **kwargs))
+
+        return call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._store, name, value)
+
+    @property
+    def sync_store(self) -> Store:
+        return self._store._s  # type: ignore[no-any-return]
+
+
+def raw(store: Any) -> Any:
+    """The store's own DB-API connection (to stage faults a caller could not cause)."""
+    inner = store.sync_store if hasattr(store, "sync_store") else store
+    return inner._conn
