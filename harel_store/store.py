@@ -273,17 +273,20 @@ class Store:
     def _write(self, exe: Execution, data: str) -> None:
         """The version CAS, inside the caller's transaction; ``exe.version`` is already bumped."""
         old = exe.version - 1
+        summary = (exe.status, exe.outcome, exe.active_path, exe.parent_id, exe.finished_at)
         if old == 0:
-            changed = self._q("insert_execution", exe.id, exe.definition_id, data, exe.version)
+            changed = self._q(
+                "insert_execution", exe.id, exe.definition_id, data, exe.version, *summary
+            )
         else:
-            changed = self._q("update_execution", exe.id, data, exe.version, old)
+            changed = self._q("update_execution", exe.id, data, exe.version, old, *summary)
         if changed == 0:
             raise StoreConflict(exe.id, expected=old, found=self._q("execution_version", exe.id))
 
     def _write_trace(self, execution_id: str, entry: str) -> None:
-        self._q("append_trace", execution_id, entry)
-        if self.trace_max:
-            self._q("trim_trace", execution_id, self.trace_max)
+        idx = self._q("append_trace", execution_id, entry)
+        if self.trace_max and idx >= self.trace_max:  # a shorter ring has nothing to trim
+            self._q("trim_trace", execution_id, idx, self.trace_max)
 
     def save(self, exe: Execution) -> None:
         """Persist ``exe`` alone under the version CAS and bump ``exe.version``.
@@ -481,15 +484,21 @@ class Store:
         if _check_int(limit, "limit") < 1 or limit > MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
         after = "" if cursor is None else _decode_cursor(cursor)
+        # One named query per filter shape, each index-backed; statuses fill four slots
+        # (None: unused), so several statuses still cost one LIMITed seek each.
+        slots: list[str | None] = list(dict.fromkeys(STATUSES if statuses is None else statuses))
+        slots += [None] * (len(STATUSES) - len(slots))
+        if definition_id is not None:
+            name = "list_roots_by_definition" if roots_only else "list_by_definition"
+            params: tuple[Any, ...] = (after, definition_id, *slots, limit + 1)
+        elif roots_only:
+            name, params = "list_roots", (after, *slots, limit + 1)
+        elif statuses is not None:
+            name, params = "list_by_status", (after, *slots, limit + 1)
+        else:
+            name, params = "list_executions", (after, limit + 1)
         with self._op():
-            rows = self._q(
-                "list_executions",
-                after,
-                definition_id,
-                None if statuses is None else json.dumps(statuses),
-                bool(roots_only),
-                limit + 1,
-            )
+            rows = self._q(name, *params)
         items = [
             ExecutionSummary(
                 id=r[0],

@@ -30,13 +30,20 @@ INSERT INTO alembic_version (version_num) VALUES (?);
 UPDATE alembic_version SET version_num = ?;
 
 -- name: insert_execution!
--- The CAS for a brand-new execution (in-memory version 0): no row may exist yet.
-INSERT INTO harel_executions (id, definition_id, data, version) VALUES (?, ?, ?, ?)
+-- The CAS for a brand-new execution (in-memory version 0): no row may exist yet. The summary
+-- columns (?5..?9: status, outcome, active_path, parent_id, finished_at) mirror the JSON.
+INSERT INTO harel_executions
+    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: update_execution!
--- The version CAS: exactly one writer moves a row from version ?4 to ?3.
-UPDATE harel_executions SET data = ?2, version = ?3 WHERE id = ?1 AND version = ?4;
+-- The version CAS: exactly one writer moves a row from version ?4 to ?3, with its summary
+-- columns (?5..?9 as in insert_execution).
+UPDATE harel_executions
+SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, parent_id = ?8,
+    finished_at = ?9
+WHERE id = ?1 AND version = ?4;
 
 -- name: execution_version$
 SELECT version FROM harel_executions WHERE id = ?;
@@ -53,7 +60,10 @@ SELECT (SELECT data FROM harel_executions WHERE id = ?1),
 SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
 
 -- name: insert_outbox$
-INSERT INTO harel_outbox (target_id, event) VALUES (?, ?) RETURNING seq;
+-- created_at is epoch seconds from SQLite's clock, so every writer's entries share one clock.
+INSERT INTO harel_outbox (target_id, event, created_at)
+VALUES (?, ?, (julianday('now') - 2440587.5) * 86400.0)
+RETURNING seq;
 
 -- name: mark_processed!
 INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?);
@@ -69,33 +79,103 @@ ON CONFLICT (execution_id, path) DO UPDATE SET fire_at = excluded.fire_at;
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
 
--- name: append_trace!
--- The next index is computed inline (first step is 0) and survives the ring trim.
+-- name: append_trace$
+-- The next index is computed inline (first step is 0; the MAX is one primary-key seek) and
+-- survives the ring trim; it comes back so the trim needs no second MAX.
 INSERT INTO harel_trace (execution_id, idx, entry)
-SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2;
+SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2
+RETURNING idx;
 
 -- name: trim_trace!
--- Keep the last ?2 steps of one execution.
-DELETE FROM harel_trace WHERE execution_id = ?1
-AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1) - ?2;
+-- Keep the last ?3 steps of one execution whose newest step is ?2.
+DELETE FROM harel_trace WHERE execution_id = ?1 AND idx <= ?2 - ?3;
 
 -- name: read_trace
 SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 
 -- name: list_executions
--- One keyset page: rows after the cursor's id (?1), filtered by definition (?2, or NULL for
--- any), status (?3, a JSON array of any-of, or NULL for any) and roots only (?4), ?5 rows.
-SELECT id, definition_id, version,
-       json_extract(data, '$.status'), json_extract(data, '$.outcome'),
-       json_extract(data, '$.active_path'), json_extract(data, '$.parent_id'),
-       json_extract(data, '$.finished_at')
-FROM harel_executions
-WHERE id > ?1
-  AND (?2 IS NULL OR definition_id = ?2)
-  AND (?3 IS NULL OR json_extract(data, '$.status') IN (SELECT value FROM json_each(?3)))
-  AND (NOT ?4 OR json_extract(data, '$.parent_id') IS NULL)
-ORDER BY id
-LIMIT ?5;
+-- One keyset page (rows after the cursor's id ?1, ?2 rows) without filters: a primary-key range.
+-- Every listing reads the summary columns, never the JSON. A row whose summary is NULL (its
+-- JSON was already corrupt when 0002 backfilled it) is listed by none of them.
+SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+FROM harel_executions WHERE id > ?1 AND status IS NOT NULL ORDER BY id LIMIT ?2;
+
+-- name: list_by_status
+-- A keyset page of the rows whose status is any of ?2..?5 (NULL: unused slot), after ?1, ?6 rows.
+-- One LIMITed seek per status in its (status, id) index, merged: cost grows with the page.
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?2 AND id > ?1 ORDER BY id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?3 AND id > ?1 ORDER BY id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?4 AND id > ?1 ORDER BY id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?5 AND id > ?1 ORDER BY id LIMIT ?6)
+ORDER BY id LIMIT ?6;
+
+-- name: list_by_definition
+-- As list_by_status, for definition ?2 and statuses ?3..?6 (all four: any status), ?7 rows.
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+ORDER BY id LIMIT ?7;
+
+-- name: list_roots
+-- As list_by_status, roots only (parent_id IS NULL selects the partial index).
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?3 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?4 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?5 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+ORDER BY id LIMIT ?6;
+
+-- name: list_roots_by_definition
+-- As list_by_definition, roots only.
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+ORDER BY id LIMIT ?7;
 
 -- name: pending_outbox
 SELECT seq, target_id, event FROM harel_outbox ORDER BY seq;

@@ -4,14 +4,30 @@ CREATE TABLE harel_executions (
     id TEXT PRIMARY KEY,
     definition_id TEXT NOT NULL,
     data TEXT NOT NULL,
-    version INTEGER NOT NULL
+    version INTEGER NOT NULL,
+    -- Summary columns, written with data by every CAS write (data stays the source of truth).
+    status TEXT,
+    outcome TEXT,
+    active_path TEXT,
+    parent_id TEXT,
+    finished_at REAL
 );
+
+CREATE INDEX harel_executions_status ON harel_executions (status, id);
+CREATE INDEX harel_executions_definition ON harel_executions (definition_id, status, id);
+CREATE INDEX harel_executions_roots ON harel_executions (status, id)
+WHERE parent_id IS NULL;
+CREATE INDEX harel_executions_definition_roots ON harel_executions (definition_id, status, id)
+WHERE parent_id IS NULL;
 
 CREATE TABLE harel_outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     target_id TEXT,
-    event TEXT NOT NULL
+    event TEXT NOT NULL,
+    created_at REAL -- epoch seconds (SQLite's clock) at insert; NULL before 0002
 );
+
+CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
 
 CREATE TABLE harel_processed_events (
     execution_id TEXT NOT NULL,
@@ -26,6 +42,8 @@ CREATE TABLE harel_timers (
     PRIMARY KEY (execution_id, path)
 );
 
+CREATE INDEX harel_timers_fire_at ON harel_timers (fire_at);
+
 CREATE TABLE harel_spawns (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     parent_id TEXT NOT NULL,
@@ -33,6 +51,8 @@ CREATE TABLE harel_spawns (
     root_path TEXT NOT NULL,
     context TEXT NOT NULL
 );
+
+CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);
 
 CREATE TABLE harel_trace (
     execution_id TEXT NOT NULL,

@@ -1,0 +1,156 @@
+"""Every hot named query is index-backed: EXPLAIN QUERY PLAN shows no scan of a large table.
+
+Plans are fixed when a statement is prepared, so an empty database shows the plan a table of a
+million rows gets (the store never runs ANALYZE). Also: 0002 backfills the summary columns that
+listing reads, and a row whose JSON was already corrupt gets NULLs instead of an error.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import libsql
+import pytest
+
+from harel_store import Event, Execution, LibsqlStore, SqliteStore
+from harel_store.sql import MIGRATIONS, QUERIES
+
+# The queries an engine worker, relay or monitor runs all the time (operator CLI queries and
+# schema bookkeeping are not here).
+HOT = {
+    "insert_execution", "update_execution", "execution_version", "load_execution",
+    "load_for_event", "is_processed", "insert_outbox", "mark_processed", "insert_spawn",
+    "schedule_timer", "cancel_timer", "append_trace", "trim_trace", "read_trace",
+    "list_executions", "list_by_status", "list_by_definition", "list_roots",
+    "list_roots_by_definition", "pending_outbox", "ack_outbox", "pending_spawns", "ack_spawn",
+    "due_timers", "delete_timer", "purge_execution", "purge_processed", "purge_trace",
+    "purge_timers", "purge_outbox", "purge_spawns", "ids_in_range", "publish_definition",
+    "load_definition",
+}  # fmt: skip
+# The relays read the whole queue, oldest first: the queue holds only undelivered entries (an
+# ack deletes), so reading it in rowid order costs what it returns, with no sort.
+WHOLE_QUEUE = {"pending_outbox": "harel_outbox", "pending_spawns": "harel_spawns"}
+LISTINGS = {
+    "list_executions": "sqlite_autoindex_harel_executions_1",
+    "list_by_status": "harel_executions_status",
+    "list_by_definition": "harel_executions_definition",
+    "list_roots": "harel_executions_roots",
+    "list_roots_by_definition": "harel_executions_definition_roots",
+}
+
+
+def _arity(sql: str) -> int:
+    numbered = [int(n) for n in re.findall(r"\?(\d+)", sql)]
+    return max(numbered) if numbered else sql.count("?")
+
+
+def _plan(conn: Any, name: str) -> list[str]:
+    sql = QUERIES[name].sql
+    rows = conn.execute(f"EXPLAIN QUERY PLAN {sql}", (None,) * _arity(sql)).fetchall()
+    return [str(row[3]) for row in rows]
+
+
+@pytest.fixture(params=["libsql", "sqlite"])
+def conn(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    store = {"libsql": LibsqlStore, "sqlite": SqliteStore}[request.param](tmp_path / "plan.db")
+    yield store._conn
+    store.close()
+
+
+@pytest.mark.parametrize("name", sorted(HOT))
+def test_no_hot_query_scans_a_table(conn: Any, name: str) -> None:
+    plan = _plan(conn, name)
+    scans = [step for step in plan if step.startswith("SCAN harel_")]
+    assert not [s for s in plan if "AUTOMATIC" in s], plan
+    if name in WHOLE_QUEUE:
+        assert scans == [f"SCAN {WHOLE_QUEUE[name]}"], plan
+        assert not [s for s in plan if "TEMP B-TREE" in s], plan
+    else:
+        assert scans == [], plan
+
+
+@pytest.mark.parametrize("name", sorted(LISTINGS))
+def test_every_listing_seeks_its_own_index(conn: Any, name: str) -> None:
+    searches = [s for s in _plan(conn, name) if s.startswith("SEARCH harel_executions")]
+    assert searches, name
+    assert all(f"INDEX {LISTINGS[name]} " in s for s in searches), searches
+    assert all("id>?" in s for s in searches), searches  # the keyset seeks, never skips
+
+
+def test_the_timer_sweep_seeks_by_fire_at(conn: Any) -> None:
+    assert _plan(conn, "due_timers") == [
+        "SEARCH harel_timers USING INDEX harel_timers_fire_at (fire_at<?)"
+    ]
+
+
+def _at_0001(path: Path, driver: str) -> Any:
+    conn = (libsql.connect if driver == "libsql" else sqlite3.connect)(str(path))
+    for statement in MIGRATIONS[0].statements("up"):
+        conn.execute(statement, ())
+    conn.execute(QUERIES["create_version_table"].sql, ())
+    conn.execute(QUERIES["insert_revision"].sql, (MIGRATIONS[0].revision,))
+    return conn
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_0002_backfills_summaries_and_survives_a_corrupt_row(driver: str, tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = _at_0001(path, driver)
+    child = Execution(
+        id="b",
+        definition_id="d",
+        version=3,
+        status="failed",
+        outcome="boom",
+        parent_id="a",
+        active_path="s.t",
+        finished_at=12.5,
+    )
+    rows = [
+        ("a", "d", Execution(id="a", definition_id="d", version=1).model_dump_json(), 1),
+        ("b", "d", child.model_dump_json(), 3),
+        ("c", "d", "{not json", 1),
+    ]
+    for row in rows:
+        conn.execute("INSERT INTO harel_executions VALUES (?, ?, ?, ?)", row)
+    conn.execute("INSERT INTO harel_outbox (target_id, event) VALUES ('a', '{}')", ())
+    conn.commit()
+    conn.close()
+
+    store = {"libsql": LibsqlStore, "sqlite": SqliteStore}[driver](path)
+    try:
+        assert store.schema_revision == MIGRATIONS[-1].revision
+        summary = store._conn.execute(
+            "SELECT id, status, outcome, active_path, parent_id, finished_at "
+            "FROM harel_executions ORDER BY id",
+            (),
+        ).fetchall()
+        assert [tuple(r) for r in summary] == [
+            ("a", "running", None, None, None, None),
+            ("b", "failed", "boom", "s.t", "a", 12.5),
+            ("c", None, None, None, None, None),
+        ]
+        assert [e.id for e in store.list_executions().items] == ["a", "b"]
+        assert [e.id for e in store.list_executions(status="failed").items] == ["b"]
+        assert [e.id for e in store.list_executions(roots_only=True).items] == ["a"]
+        assert (
+            store.list_executions(definition_id="d").items[1]
+            == store.list_executions(status=["failed", "running"]).items[1]
+        )
+        created = store._conn.execute("SELECT created_at FROM harel_outbox", ()).fetchall()
+        assert [tuple(r) for r in created] == [(None,)]
+    finally:
+        store.close()
+
+
+def test_new_outbox_entries_carry_sqlite_clock_epoch_seconds(tmp_path: Path) -> None:
+    with SqliteStore(tmp_path / "clock.db") as store:
+        before = time.time()
+        store.commit(Execution(id="x", definition_id="d"), [(None, Event(name="go"))])
+        after = time.time()
+        (created,) = store._conn.execute("SELECT created_at FROM harel_outbox", ()).fetchone()
+        assert before - 1 <= created <= after + 1
