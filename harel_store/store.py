@@ -254,8 +254,14 @@ class Store:
                 return
             if current != migration.down_revision:
                 raise SchemaError(f"cannot apply {migration.name} on revision {current!r}")
-            for statement in migration.statements("up"):
-                self._conn.execute(statement, ())
+            try:
+                for statement in migration.statements("up"):
+                    self._conn.execute(statement, ())
+            except Exception as exc:
+                cause = translate(exc, self._secrets)
+                raise SchemaError(
+                    f"migration {migration.name} failed, nothing applied: {cause}"
+                ) from exc
             if current is None:
                 self._q("create_version_table")
                 self._q("insert_revision", migration.revision)

@@ -1,0 +1,154 @@
+"""The schema as migrations: the chain builds schema.sql, Alembic and the store agree."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from harel_store import LibsqlStore, SchemaError, SqliteStore
+from harel_store.schema import describe
+from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+ALEMBIC_INI = ROOT / "alembic.ini"
+
+
+def alembic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=True,
+        timeout=120,
+    )
+
+
+def schema_of(path: Path) -> object:
+    with sqlite3.connect(path) as conn:
+        return describe(conn)
+
+
+def head_schema() -> object:
+    conn = sqlite3.connect(":memory:")
+    conn.executescript((SQL_DIR / "schema.sql").read_text())
+    return describe(conn)
+
+
+def test_every_sql_migration_is_named_by_exactly_one_revision() -> None:
+    script = ScriptDirectory.from_config(Config(str(ALEMBIC_INI)))
+    revisions = list(reversed(list(script.walk_revisions())))
+    assert [r.revision for r in revisions] == [m.revision for m in MIGRATIONS]
+    assert [r.down_revision for r in revisions] == [m.down_revision for m in MIGRATIONS]
+    assert [m.revision for m in MIGRATIONS] == [f"{i:04d}" for i in range(1, len(MIGRATIONS) + 1)]
+    named: list[str] = []
+    for rev in revisions:
+        assert rev.path is not None
+        named += re.findall(r'run_sql\("([^"]+)"\)', Path(rev.path).read_text())
+    files = sorted(p.name for p in (SQL_DIR / "migrations").iterdir())
+    assert sorted(named) == files, "each .sql migration is used exactly once"
+    for m in MIGRATIONS:
+        assert f"{m.name}.up.sql" in named and f"{m.name}.down.sql" in named
+    assert all(re.fullmatch(r"\d{4}_[a-z0-9_]+\.(up|down)\.sql", f) for f in files)
+
+
+def test_the_migration_chain_builds_schema_sql(tmp_path: Path) -> None:
+    db = tmp_path / "alembic.db"
+    alembic("-x", f"url={db}", "upgrade", "head")
+    assert schema_of(db) == head_schema()
+
+
+def test_the_store_builds_the_same_database_as_alembic(tmp_path: Path) -> None:
+    by_alembic, by_libsql, by_sqlite = (tmp_path / n for n in ("a.db", "l.db", "s.db"))
+    alembic("-x", f"url={by_alembic}", "upgrade", "head")
+    LibsqlStore(by_libsql).close()
+    SqliteStore(by_sqlite).close()
+    expected = schema_of(by_alembic)
+    assert schema_of(by_libsql) == expected == schema_of(by_sqlite)
+    for db in (by_alembic, by_libsql, by_sqlite):
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+            version_table = conn.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'alembic_version'"
+            ).fetchone()[0]
+        assert "alembic_version_pkc PRIMARY KEY (version_num)" in version_table
+    assert f"{HEAD} (head)" in alembic("-x", f"url={by_libsql}", "current").stdout
+    alembic("-x", f"url={by_libsql}", "upgrade", "head")  # a no-op
+    assert schema_of(by_libsql) == expected
+
+
+def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
+    db = tmp_path / "d.db"
+    alembic("-x", f"url={db}", "upgrade", "head")
+    alembic("-x", f"url={db}", "downgrade", "base")
+    with sqlite3.connect(db) as conn:
+        left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'harel%'").fetchall()
+    assert left == []
+    for m in MIGRATIONS:  # one step at a time, each reversible
+        alembic("-x", f"url={db}", "upgrade", "+1")
+        alembic("-x", f"url={db}", "downgrade", "-1")
+        alembic("-x", f"url={db}", "upgrade", m.revision)
+    assert schema_of(db) == head_schema()
+
+
+def test_upgrade_sql_prints_a_reviewable_script() -> None:
+    out = alembic("upgrade", "head", "--sql").stdout
+    assert out.count("BEGIN;") == len(MIGRATIONS) and out.count("COMMIT;") == len(MIGRATIONS)
+    assert "CREATE TABLE harel_executions" in out
+    assert f"UPDATE alembic_version SET version_num='{HEAD}'" in out or len(MIGRATIONS) == 1
+    assert "INSERT INTO alembic_version (version_num) VALUES ('0001')" in out
+
+
+def test_plain_alembic_upgrade_migrates_the_default_file(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), "upgrade", "head"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert schema_of(tmp_path / "harel.db") == head_schema()
+
+
+def test_a_failed_migration_leaves_nothing_behind(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    with sqlite3.connect(db) as conn:  # a table in the way of the last statement of 0001
+        conn.execute("CREATE TABLE harel_definitions (x)")
+    with pytest.raises(subprocess.CalledProcessError):
+        alembic("-x", f"url={db}", "upgrade", "0001")
+    with sqlite3.connect(db) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert names == {"harel_definitions"}  # no harel_executions left half-made, no version row
+    with pytest.raises(SchemaError):  # the store's own path is just as atomic
+        LibsqlStore(db)
+    with sqlite3.connect(db) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert names == {"harel_definitions"}
+
+
+def test_a_schema_the_code_does_not_know_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "ahead.db"
+    SqliteStore(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    for opener in (LibsqlStore, SqliteStore):
+        with pytest.raises(SchemaError, match="9999"):
+            opener(db)
+
+
+def test_a_schema_behind_is_refused_when_migrating_is_not_allowed(tmp_path: Path) -> None:
+    db = tmp_path / "behind.db"
+    with pytest.raises(SchemaError, match="harel-store migrate"):
+        LibsqlStore(db, migrate=False)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+    LibsqlStore(db).close()  # local default: migrate
+    assert schema_of(db) == head_schema()
