@@ -17,11 +17,12 @@ from harel_store.models import (
     Event,
     Execution,
     ExecutionPage,
+    ExecutionSummary,
     OutboxEntry,
     SpawnEntry,
     TimerOp,
 )
-from harel_store.store import LibsqlStore
+from harel_store.store import LibsqlStore, StoreStats
 
 T = TypeVar("T")
 
@@ -166,3 +167,23 @@ class AsyncLibsqlStore:
     async def close(self) -> None:
         """Async version of `LibsqlStore.close`."""
         return await self._run(self._s.close)
+
+    async def stats(self, now: float) -> StoreStats:
+        """Async version of `LibsqlStore.stats`."""
+        return await self._run(self._s.stats, now)
+
+    async def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
+        """Async version of `LibsqlStore.timers_of`."""
+        return await self._run(self._s.timers_of, execution_id)
+
+    async def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
+        """Async version of `LibsqlStore.outbox_for`."""
+        return await self._run(self._s.outbox_for, execution_id)
+
+    async def children_of(self, execution_id: str) -> list[ExecutionSummary]:
+        """Async version of `LibsqlStore.children_of`."""
+        return await self._run(self._s.children_of, execution_id)
+
+    async def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
+        """Async version of `LibsqlStore.purge_tree`."""
+        return await self._run(self._s.purge_tree, execution_id, expected_version)

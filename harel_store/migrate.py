@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from harel_store.sql import SQL_DIR, resource, split_statements
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 DEFAULT_DATABASE = "harel.db"
 MIGRATIONS_DIR = resource("migrations")
@@ -24,6 +28,17 @@ def run_sql(filename: str) -> None:
     script = (SQL_DIR / "migrations" / filename).read_text(encoding="utf-8")
     for statement in split_statements(script):
         op.execute(text(re.sub(r"(?<!\\):", r"\\:", statement)))  # a ':' is never a bind
+
+
+def alembic_config(database: str) -> Config:
+    """An Alembic configuration over the packaged migrations (a checkout's or a wheel's),
+    for ``database`` (a path or a store-style URL; the token comes from $HAREL_AUTH_TOKEN)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.attributes["url"] = database
+    return config
 
 
 def database_from_env(url: str | None = None) -> str:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import ValidationError
 
@@ -132,6 +132,18 @@ def _prefix_upper(prefix: str) -> str | bytes:
         if code <= 0x10FFFF:
             return "".join(chars) + chr(code)
     return b""
+
+
+class StoreStats(NamedTuple):
+    """What `Store.stats` counts (``oldest_outbox_at``: epoch seconds, None if unknown)."""
+
+    schema_revision: str | None
+    executions: dict[str, int]
+    pending_outbox: int
+    pending_spawns: int
+    timers_due: int
+    timers_future: int
+    oldest_outbox_at: float | None
 
 
 class Store:
@@ -584,6 +596,70 @@ class Store:
         """Close the connection; the store is unusable afterwards."""
         with self._op():
             self._conn.close()
+
+    # --- operator reads and the tree purge (the harel-store CLI) ---
+
+    @staticmethod
+    def _summaries(rows: Iterable[Sequence[Any]]) -> list[ExecutionSummary]:
+        keys = ExecutionSummary.model_fields
+        return [ExecutionSummary(**dict(zip(keys, row, strict=True))) for row in rows]
+
+    def stats(self, now: float) -> StoreStats:
+        """Counts for an operator: executions by status, pending outbox entries and spawns,
+        timers due at ``now`` and later, and when the oldest pending outbox entry was
+        written (None when unknown: no entry, or one written before outbox rows had a time).
+        """
+        now = check_finite(now, "now")
+        with self._op():
+            by_status = {status: count for status, count in self._q("count_by_status")}
+            outbox, spawns, due, future, oldest = self._q("pending_counts", now)
+            revision = self._revision()
+        return StoreStats(revision, by_status, outbox, spawns, due, future, oldest)
+
+    def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
+        """The execution's armed timers as (path, fire_at), soonest first."""
+        _check_id(execution_id, "execution_id")
+        with self._op():
+            return [(path, at) for path, at in self._q("timers_of", execution_id)]
+
+    def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
+        """Undelivered outbox entries addressed to the execution, oldest first."""
+        _check_id(execution_id, "execution_id")
+        with self._op():
+            rows = self._q("outbox_for", execution_id)
+        return [OutboxEntry(seq, t, Event.model_validate_json(event)) for seq, t, event in rows]
+
+    def children_of(self, execution_id: str) -> list[ExecutionSummary]:
+        """Summaries of the executions whose parent is ``execution_id``, ordered by id."""
+        _check_id(execution_id, "execution_id")
+        with self._op():
+            return self._summaries(self._q("children_of", execution_id))
+
+    def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
+        """Purge an execution and all its descendants in one transaction; return their ids.
+
+        The execution must be at ``expected_version`` (else nothing is deleted and ``[]`` is
+        returned, as for a missing one) and no execution of the tree may still be running:
+        then StoreError names them and nothing is deleted.
+        """
+        _check_id(execution_id, "execution_id")
+        _check_int(expected_version, "expected_version")
+        with self._txn():
+            tree = self._summaries(self._q("execution_tree", execution_id))
+            if not tree or tree[0].version != expected_version:
+                return []
+            running = [s.id for s in tree if s.status == "running"]
+            if running:
+                raise StoreError(
+                    f"cannot purge the tree of {execution_id!r}: {len(running)} of its "
+                    f"executions are still running ({', '.join(running[:5])}"
+                    f"{', ...' if len(running) > 5 else ''})"
+                )
+            for s in tree:
+                self._q("purge_execution", s.id, s.version)
+                for name in ("processed", "trace", "timers", "outbox", "spawns"):
+                    self._q(f"purge_{name}", s.id)
+        return [s.id for s in tree]
 
 
 def _check_local_options(synchronous: str, busy_timeout: float) -> None:

@@ -15,8 +15,10 @@ config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
+# `harel-store migrate` hands the database over in config.attributes["url"].
 url = sqlalchemy_url(
-    context.get_x_argument(as_dictionary=True).get("url")
+    config.attributes.get("url")
+    or context.get_x_argument(as_dictionary=True).get("url")
     or os.environ.get("HAREL_DATABASE_URL")
     or str(config.get_main_option("sqlalchemy.url") or database_from_env())
 )

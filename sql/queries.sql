@@ -229,3 +229,71 @@ VALUES (?, ?, ?, ?, ?);
 -- name: load_definition^
 SELECT definition_id, version, digest, source, published_at
 FROM harel_definitions WHERE definition_id = ? AND version = ?;
+
+-- Operator queries (harel-store CLI)
+
+-- name: schema_tables
+-- The store's tables: SQLite's own and Alembic's bookkeeping are not part of the schema.
+SELECT name FROM sqlite_master
+WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name <> 'alembic_version'
+ORDER BY name;
+
+-- name: schema_columns
+SELECT name, type, "notnull", dflt_value, pk, hidden FROM pragma_table_xinfo(?) ORDER BY cid;
+
+-- name: schema_indexes
+-- Every index of one table, with its CREATE statement (NULL for automatic ones).
+SELECT l.name, l."unique", l.origin, l.partial, m.sql
+FROM pragma_index_list(?) AS l
+LEFT JOIN sqlite_master AS m ON m.type = 'index' AND m.name = l.name
+ORDER BY l.name;
+
+-- name: schema_index_columns
+-- The key columns of one index (name is NULL for an expression).
+SELECT name, "desc", coll FROM pragma_index_xinfo(?) WHERE key ORDER BY seqno;
+
+-- name: schema_foreign_keys
+SELECT id, seq, "table", "from", "to", on_update, on_delete, "match"
+FROM pragma_foreign_key_list(?) ORDER BY id, seq;
+
+-- name: schema_others
+-- Views and triggers, compared by their CREATE statement.
+SELECT type, name, sql FROM sqlite_master WHERE type IN ('view', 'trigger') ORDER BY type, name;
+
+-- name: count_by_status
+-- A row whose summary is NULL (its JSON was corrupt when 0002 backfilled it) counts as unknown.
+SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 ORDER BY 1;
+
+-- name: pending_counts^
+-- Pending outbox entries and spawns, timers due at ?1 and later than it, and when the oldest
+-- pending outbox entry was written (unknown before outbox rows carried created_at).
+SELECT (SELECT COUNT(*) FROM harel_outbox),
+       (SELECT COUNT(*) FROM harel_spawns),
+       (SELECT COUNT(*) FROM harel_timers WHERE fire_at <= ?1),
+       (SELECT COUNT(*) FROM harel_timers WHERE fire_at > ?1),
+       (SELECT created_at FROM harel_outbox ORDER BY seq LIMIT 1);
+
+-- name: timers_of
+SELECT path, fire_at FROM harel_timers WHERE execution_id = ? ORDER BY fire_at, path;
+
+-- name: outbox_for
+SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? ORDER BY seq;
+
+-- name: children_of
+-- Operator queries read a NULL summary (see count_by_status) as status 'unknown'.
+SELECT id, definition_id, version, COALESCE(status, 'unknown'), outcome, active_path,
+       parent_id, finished_at
+FROM harel_executions WHERE parent_id = ? ORDER BY id;
+
+-- name: execution_tree
+-- An execution (first) and all its descendants; UNION stops at a cycle.
+WITH RECURSIVE tree (id) AS (
+    SELECT id FROM harel_executions WHERE id = ?1
+    UNION
+    SELECT e.id FROM harel_executions AS e
+    JOIN tree ON e.parent_id = tree.id
+)
+SELECT e.id, e.definition_id, e.version, COALESCE(e.status, 'unknown'), e.outcome,
+       e.active_path, e.parent_id, e.finished_at
+FROM tree JOIN harel_executions AS e ON e.id = tree.id
+ORDER BY e.id <> ?1, e.id;
