@@ -85,12 +85,16 @@ def _check_int(value: object, name: str) -> int:
     return value
 
 
+# json.dumps with options builds a new encoder per call; one shared encoder is ~1 us cheaper.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def _json(value: object, name: str) -> str:
     """Compact JSON of a dict, or a clear error: no NaN, nothing unserializable, no abyss."""
     if not isinstance(value, dict):
         raise TypeError(f"{name} must be a dict, not {type(value).__name__}")
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+        return _ENCODER.encode(value)
     except RecursionError:
         raise ValueError(f"{name} is nested too deeply to store as JSON") from None
     except (TypeError, ValueError) as exc:
@@ -208,17 +212,25 @@ class Store:
 
     @contextmanager
     def _txn(self) -> Iterator[None]:
-        """One write transaction: lands whole on success, rolled back on any failure."""
-        with self._op():
-            self._q("begin")
+        """One write transaction: lands whole on success, rolled back on any failure.
+
+        ``_op`` spelled out rather than nested: one context manager less on every commit.
+        """
+        with self._lock:
             try:
-                yield
-                self._conn.commit()
-            except BaseException:
-                # The connection may be gone; the server then drops the transaction itself.
-                with suppress(Exception):
-                    self._conn.rollback()
+                self._q("begin")
+                try:
+                    yield
+                    self._conn.commit()
+                except BaseException:
+                    # The connection may be gone; the server then drops the transaction.
+                    with suppress(Exception):
+                        self._conn.rollback()
+                    raise
+            except StoreError:
                 raise
+            except Exception as exc:
+                raise translate(exc, self._secrets) from exc
 
     def _after_conflict(self) -> None:
         """A replica that lost a CAS catches up, so the caller's reload sees the winner."""
