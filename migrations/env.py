@@ -22,11 +22,14 @@ url = sqlalchemy_url(
     or os.environ.get("HAREL_DATABASE_URL")
     or str(config.get_main_option("sqlalchemy.url") or database_from_env())
 )
-options: dict[str, Any] = {"transactional_ddl": True, "transaction_per_migration": True}
+options: dict[str, Any] = {"transactional_ddl": True}
+# How long an upgrade of a local file waits for another process's upgrade (the driver's
+# default is not to wait at all: "database is locked").
+BUSY_TIMEOUT_MS = 60_000
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=url, literal_binds=True, **options)
+    context.configure(url=url, literal_binds=True, transaction_per_migration=True, **options)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -40,7 +43,16 @@ def run_migrations_online() -> None:
     # The libsql driver never opens a transaction before DDL, so a failed migration would
     # leave its first tables behind; open one ourselves (SQLAlchemy's pysqlite recipe).
     # IMMEDIATE takes the write lock before Alembic reads the current revision, so a second
-    # process running the same upgrade waits, then finds the work done.
+    # process running the same upgrade waits, then finds the work done. The whole upgrade is
+    # ONE transaction: Alembic reads the revision once, so with a transaction per migration
+    # another process could slip in between two of them, and both would apply the next one
+    # (tests/test_migrate_concurrency.py). A kill or failure leaves the revision it started at.
+    if url.startswith("sqlite+libsql:///"):  # a local file: wait for another migrator
+
+        @event.listens_for(engine, "connect")
+        def _busy_timeout(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
