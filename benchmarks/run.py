@@ -1,0 +1,505 @@
+"""harel-store benchmarks: every figure is a ratio against a baseline measured in this run.
+
+    python -m benchmarks.run            # full: 1k / 100k / 1M executions, longer commit runs
+    python -m benchmarks.run --quick    # the same figures, fewer repetitions (~2 minutes)
+
+Prints a table and writes JSON to ``benchmarks/results/<timestamp>.json``. Not a test: the
+numbers depend on the machine and its load; the ratios are what to compare across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/run.py` as well as `python -m benchmarks.run`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import libsql
+
+from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
+from harel_store.sql import QUERIES, SQL_DIR, split_statements
+from harel_store.store import DEFAULT_TRACE_MAX, Store
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NOW = 2000.0  # the sweep's "now": 100 timers are due at or before it in every dataset
+DRIVERS: dict[str, Any] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
+
+
+@dataclass
+class Report:
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, key: str, figure: str, value: float, target: str = "", **raw: Any) -> None:
+        self.data[key] = {"ratio": round(value, 4), "target": target or None, **raw}
+        self.rows.append((key, figure, f"{value:.3f}", target))
+        print(f"  {key:<48} {value:8.3f}  {target}", flush=True)
+
+
+def best(samples: list[float]) -> float:
+    """The least of repeated timings: the run least disturbed by the rest of the machine."""
+    return min(samples)
+
+
+# --- commits: the store against the same statements on a bare connection ---
+
+
+def bare_connection(driver: str, database: str, synchronous: str) -> Any:
+    """The store's driver and pragmas, with no store code."""
+    if driver == "libsql":
+        conn = libsql.connect(database)
+    else:
+        conn = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 5000", ())
+    if database != ":memory:":
+        conn.execute("PRAGMA journal_mode = WAL", ()).fetchall()
+    conn.execute(f"PRAGMA synchronous = {synchronous}", ())
+    return conn
+
+
+POOL = 100  # executions the commits cycle through
+
+
+def executions() -> list[Execution]:
+    return [
+        Execution(
+            id=f"exe-{i:05d}",
+            definition_id="order",
+            active_path="main.wait",
+            context={"order": i, "customer": f"c-{i}", "items": [1, 2, 3], "note": "x" * 40},
+        )
+        for i in range(POOL)
+    ]
+
+
+def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
+    exes = executions()
+    for exe in exes:
+        store.save(exe)
+    # What the engine hands over is built before the clock starts, as for the floor.
+    events = [Event(name="tick", payload={"n": i}) for i in range(n)]
+    timers = [[TimerOp.schedule("main.wait", 1e9 + i)] for i in range(n)]
+    step = {"state": "main.wait", "event": "tick"}
+
+    def run() -> float:
+        ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]  # fresh dedupe markers
+        t0 = time.perf_counter()
+        for i in range(n):
+            exe = exes[i % POOL]
+            store.commit(
+                exe,
+                [(exe.id, events[i])],
+                processed_event_id=ids[i],
+                timers=timers[i],
+                trace=step if trace else None,
+            )
+        return (time.perf_counter() - t0) / n
+
+    return run
+
+
+def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
+    """The statements one commit issues (queries.sql), parameters prepared in advance."""
+    q = {name: QUERIES[name].sql for name in QUERIES}
+    exes = executions()
+    versions = [0] * POOL
+    payloads = [exe.model_dump_json() for exe in exes]
+    summary = ("running", None, "main.wait", None, None)
+    conn.execute(q["begin"], ())
+    for i, exe in enumerate(exes):
+        conn.execute(q["insert_execution"], (exe.id, "order", payloads[i], 1, *summary))
+        versions[i] = 1
+    conn.commit()
+    events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
+    step = json.dumps({"state": "main.wait", "event": "tick"}, separators=(",", ":"))
+
+    def run() -> float:
+        ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
+        t0 = time.perf_counter()
+        for i in range(n):
+            k = i % POOL
+            eid = exes[k].id
+            conn.execute(q["begin"], ())
+            v = versions[k]
+            cur = conn.execute(q["update_execution"], (eid, payloads[k], v + 1, v, *summary))
+            assert cur.rowcount == 1
+            versions[k] = v + 1
+            conn.execute(q["insert_outbox"], (eid, events[i])).fetchone()
+            conn.execute(q["mark_processed"], (eid, ids[i]))
+            conn.execute(q["schedule_timer"], (eid, "main.wait", 1e9 + i))
+            if trace:
+                (idx,) = conn.execute(q["append_trace"], (eid, step)).fetchone()
+                if idx >= DEFAULT_TRACE_MAX:
+                    conn.execute(q["trim_trace"], (eid, idx, DEFAULT_TRACE_MAX))
+            conn.commit()
+        return (time.perf_counter() - t0) / n
+
+    return run
+
+
+def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
+    print("commits: store / bare connection, same statements and pragmas", flush=True)
+    per_commit: dict[str, float] = {}
+    for place, sync in (("file", "NORMAL"), ("file", "FULL"), ("memory", "NORMAL")):
+        for driver in DRIVERS:
+            for trace in (True, False):
+                tag = f"{driver}/{place}" + (f"/{sync}" if place == "file" else "")
+                tag += "/trace" if trace else "/no-trace"
+                db_s = ":memory:" if place == "memory" else str(tmp / f"s-{tag.replace('/', '-')}")
+                db_f = ":memory:" if place == "memory" else str(tmp / f"f-{tag.replace('/', '-')}")
+                store = DRIVERS[driver](db_s, synchronous=sync)
+                conn = bare_connection(driver, db_f, sync)
+                for stmt in split_statements((SQL_DIR / "schema.sql").read_text()):
+                    conn.execute(stmt, ())
+                # FULL syncs every commit: fewer of them keep the run short.
+                m = max(50, n // 10) if sync == "FULL" and place == "file" else n
+                s_run, f_run = store_commits(store, m, trace), floor_commits(conn, m, trace)
+                s_run(), f_run()  # warm up
+                s_t, f_t = [], []
+                for r in range(rounds):
+                    pair = (s_run, f_run) if r % 2 == 0 else (f_run, s_run)
+                    first, second = pair[0](), pair[1]()
+                    s_t.append(first if pair[0] is s_run else second)
+                    f_t.append(second if pair[0] is s_run else first)
+                store.close()
+                conn.close()
+                s, f = best(s_t), best(f_t)
+                per_commit[tag] = s
+                target = "<= 1.15" if tag.split("/", 1)[1].startswith("file/NORMAL") else ""
+                report.add(
+                    f"commit {tag}",
+                    "store time / floor time per commit",
+                    s / f,
+                    target,
+                    store_us=round(s * 1e6, 1),
+                    floor_us=round(f * 1e6, 1),
+                    commits=m,
+                )
+    for tag in per_commit:
+        if tag.startswith("libsql/file"):
+            other = "sqlite" + tag.removeprefix("libsql")
+            report.add(
+                f"commit libsql vs sqlite {tag.removeprefix('libsql/')}",
+                "LibsqlStore time / SqliteStore time per commit",
+                per_commit[tag] / per_commit[other],
+                "<= 1.20" if "NORMAL" in tag else "",
+            )
+
+
+# --- datasets for the read benchmarks, built with bulk SQL ---
+
+BUILD_EXECUTIONS = """
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1),
+rows AS (
+  SELECT n, printf('exe-%08d', n) AS id, 'def-' || (n % 4) AS def,
+         CASE (n / 4) % 10 WHEN 8 THEN 'failed' WHEN 9 THEN 'cancelled'
+              ELSE CASE WHEN (n / 4) % 10 < 4 THEN 'running' ELSE 'finished' END END AS st,
+         CASE WHEN (n / 40) % 2 = 0 THEN NULL ELSE printf('exe-%08d', n - 40) END AS parent
+  FROM seq)
+INSERT INTO harel_executions
+    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at)
+SELECT id, def,
+       json_object('id', id, 'definition_id', def, 'version', 1, 'status', st,
+                   'outcome', NULL, 'active_path', 'main.wait', 'parent_id', parent,
+                   'finished_at', NULL,
+                   'context', json_object('order', n, 'customer', 'c-' || (n % 977),
+                                          'items', json_array(1, 2, 3), 'note', 'typical')),
+       1, st, NULL, 'main.wait', parent, NULL
+FROM rows
+"""
+# 100 timers due at or before NOW, spread over the ids; the rest far in the future.
+BUILD_TIMERS = """
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1)
+INSERT INTO harel_timers (execution_id, path, fire_at)
+SELECT printf('exe-%08d', n), 'main.wait',
+       CASE WHEN n % (?1 / 100) = 0 THEN 1000.0 + n / (?1 / 100) ELSE 1e9 + n END
+FROM seq
+"""
+BUILD_PROCESSED = """
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1)
+INSERT INTO harel_processed_events (execution_id, event_id)
+SELECT printf('exe-%08d', n), 'ev-' || n FROM seq
+"""
+
+
+def build_dataset(path: Path, n: int) -> float:
+    t0 = time.perf_counter()
+    SqliteStore(path).close()  # the schema at head, made by the store
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("BEGIN")
+    for sql in (BUILD_EXECUTIONS, BUILD_TIMERS, BUILD_PROCESSED):
+        conn.execute(sql, (n,))
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return time.perf_counter() - t0
+
+
+def latency(fn: Callable[[], Any], iterations: int) -> float:
+    for _ in range(min(20, iterations)):
+        fn()
+    samples = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+LISTINGS: dict[str, dict[str, Any]] = {
+    "status": {"status": "running"},
+    "definition+status": {"definition_id": "def-1", "status": "running"},
+    "statuses any-of": {"status": ["failed", "cancelled"]},
+    "roots+status": {"roots_only": True, "status": "running"},
+    "unfiltered": {},
+}
+
+
+def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str, float]:
+    store = DRIVERS[driver](path, migrate=False)
+    out: dict[str, float] = {}
+    middle = f"exe-{n // 2:08d}"
+    from harel_store.store import _encode_cursor
+
+    cursor = _encode_cursor(middle)
+    for name, kwargs in LISTINGS.items():
+        out[f"list {name} (first page)"] = latency(
+            lambda kwargs=kwargs: store.list_executions(limit=50, **kwargs), iterations
+        )
+        out[f"list {name} (middle page)"] = latency(
+            lambda kwargs=kwargs: store.list_executions(limit=50, cursor=cursor, **kwargs),
+            iterations,
+        )
+    due = store.due_timers(NOW)
+    assert len(due) == 100, len(due)
+    out["due_timers 100 due"] = latency(lambda: store.due_timers(NOW), iterations)
+    ids = [f"exe-{(i * 7919) % n:08d}" for i in range(iterations)]
+    it = iter(ids * 40)
+    out["load_for_event"] = latency(lambda: store.load_for_event(next(it), "ev-1"), iterations)
+    conn = store._conn
+    sql = "SELECT data FROM harel_executions WHERE id = ?"
+    it2 = iter(ids * 40)
+    out["bare pk select"] = latency(lambda: conn.execute(sql, (next(it2),)).fetchone(), iterations)
+    store.close()
+    return out
+
+
+def bench_reads(
+    report: Report, tmp: Path, sizes: list[int], iterations: int, rounds: int
+) -> dict[int, Path]:
+    print(f"reads: page latency at {sizes} executions (ratios against the smallest)", flush=True)
+    paths: dict[int, Path] = {}
+    for n in sizes:
+        paths[n] = tmp / f"data-{n}.db"
+        took = build_dataset(paths[n], n)
+        print(f"  built {n} executions, timers, markers in {took:.1f}s", flush=True)
+    small, large = sizes[0], sizes[-1]
+    for driver in DRIVERS:
+        # Sizes take turns, round after round; each figure keeps its best round's median.
+        lat: dict[int, dict[str, float]] = {n: {} for n in sizes}
+        for _ in range(rounds):
+            for n in sizes:
+                for figure, value in read_latencies(paths[n], n, driver, iterations).items():
+                    lat[n][figure] = min(value, lat[n].get(figure, value))
+        for figure in lat[small]:
+            if figure in ("load_for_event", "bare pk select"):
+                continue
+            for n in sizes[1:]:
+                report.add(
+                    f"{driver} {figure} {n // 1000}k/{small // 1000}k",
+                    "median latency at n / at 1k",
+                    lat[n][figure] / lat[small][figure],
+                    "<= 2" if n == large else "",
+                    us={str(k): round(v[figure] * 1e6, 1) for k, v in lat.items()},
+                )
+        report.add(
+            f"{driver} load_for_event / bare pk select @{large // 1000}k",
+            "median latency ratio",
+            lat[large]["load_for_event"] / lat[large]["bare pk select"],
+            us={"store": round(lat[large]["load_for_event"] * 1e6, 1),
+                "bare": round(lat[large]["bare pk select"] * 1e6, 1)},
+        )  # fmt: skip
+    return paths
+
+
+# --- async twin: throughput against the sync store, and the event-loop lag it causes ---
+
+
+async def _ticker_lags(done: asyncio.Event, lags: list[float]) -> None:
+    """A task that wants to wake every millisecond, and how late each wake-up is."""
+    while not done.is_set():
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(time.perf_counter() - t0 - 0.001)
+
+
+async def _idle_lag(seconds: float) -> float:
+    lags: list[float] = []
+    done = asyncio.Event()
+    tick = asyncio.create_task(_ticker_lags(done, lags))
+    await asyncio.sleep(seconds)
+    done.set()
+    await tick
+    return max(lags)
+
+
+async def _async_run(path: Path, n: int, tasks: int) -> tuple[float, float, float]:
+    store = await AsyncLibsqlStore.create(path, synchronous="NORMAL")
+    exes = executions()
+    for exe in exes:
+        await store.save(exe)
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def worker(k: int) -> None:
+        for i in range(k, n, tasks):
+            exe = exes[i % POOL] if tasks == 1 else exes[k % POOL]
+            await store.commit(
+                exe,
+                [(exe.id, Event(name="tick"))],
+                processed_event_id=f"in-{k}-{i}",
+                timers=[TimerOp.schedule("main.wait", 1e9 + i)],
+                trace={"step": i},
+            )
+
+    tick = asyncio.create_task(_ticker_lags(done, lags))
+    await asyncio.sleep(0.01)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(tasks)))
+    took = (time.perf_counter() - t0) / n
+    done.set()
+    await tick
+    await store.close()
+    lags.sort()
+    return took, lags[-1], lags[int(len(lags) * 0.99)]
+
+
+def bench_async(report: Report, tmp: Path, n: int) -> None:
+    print("async twin: AsyncLibsqlStore / LibsqlStore on a file (WAL, NORMAL)", flush=True)
+    sync_store = LibsqlStore(tmp / "sync.db", synchronous="NORMAL")
+    run = store_commits(sync_store, n, trace=True)
+    run()
+    sync_t = best([run() for _ in range(3)])
+    sync_store.close()
+    for tasks in (1, 16):
+        took, max_lag, p99 = asyncio.run(_async_run(tmp / f"async-{tasks}.db", n, tasks))
+        idle = asyncio.run(_idle_lag(max(0.5, took * n)))
+        report.add(
+            f"async commit time / sync, {tasks} task(s)",
+            "per-commit time ratio",
+            took / sync_t,
+            async_us=round(took * 1e6, 1),
+            sync_us=round(sync_t * 1e6, 1),
+        )
+        report.add(
+            f"async loop lag max / idle loop lag max, {tasks} task(s)",
+            "a 1 ms ticker's worst delay while committing / while idle",
+            max_lag / idle,
+            max_lag_ms=round(max_lag * 1e3, 3),
+            p99_lag_ms=round(p99 * 1e3, 3),
+            idle_max_lag_ms=round(idle * 1e3, 3),
+            sync_commit_ms=round(sync_t * 1e3, 3),
+            gil_switch_interval_ms=round(sys.getswitchinterval() * 1e3, 3),
+        )
+
+
+# --- memory: peak RSS of a run over the smallest and the largest dataset ---
+
+
+def rss_child(path: Path, n: int) -> None:
+    """Walk listing pages, sweep timers, load and commit: then report peak RSS (KiB)."""
+    store = LibsqlStore(path, migrate=False, synchronous="NORMAL")
+    cursor = None
+    for _ in range(200):
+        page = store.list_executions(status="running", limit=200, cursor=cursor)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    store.due_timers(NOW)
+    for i in range(2000):
+        store.load_for_event(f"exe-{(i * 7919) % n:08d}", "ev-1")
+    store_commits(store, 500, trace=True)()
+    store.close()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def bench_memory(report: Report, paths: dict[int, Path]) -> None:
+    print("memory: peak RSS of the same run over each dataset", flush=True)
+    rss = {}
+    for n, path in paths.items():
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.run", "--rss-child", str(path), str(n)],
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rss[n] = int(out.stdout.split()[-1])
+    small, large = min(rss), max(rss)
+    report.add(
+        f"peak RSS {large // 1000}k/{small // 1000}k",
+        "peak RSS ratio",
+        rss[large] / rss[small],
+        "flat (~1)",
+        rss_mib={str(k): round(v / 1024, 1) for k, v in rss.items()},
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (~2 minutes)")
+    parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_child:
+        rss_child(Path(args.rss_child[0]), int(args.rss_child[1]))
+        return
+    sizes = [1_000, 100_000, 1_000_000]
+    commits, rounds, iterations = (400, 5, 200) if args.quick else (2000, 9, 500)
+    report = Report()
+    started = time.time()
+    tmp = Path(tempfile.mkdtemp(prefix="harel-bench-"))
+    try:
+        bench_commits(report, tmp, commits, rounds)
+        paths = bench_reads(report, tmp, sizes, iterations, 3 if args.quick else 5)
+        bench_async(report, tmp, commits)
+        bench_memory(report, {sizes[0]: paths[sizes[0]], sizes[-1]: paths[sizes[-1]]})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{stamp}.json"
+    meta = {
+        "mode": "quick" if args.quick else "full",
+        "seconds": round(time.time() - started, 1),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    out.write_text(json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n")
+    print()
+    print(f"{'figure':<52} {'ratio':>8}  target")
+    for key, _, value, target in report.rows:
+        print(f"{key:<52} {value:>8}  {target}")
+    print(f"\n{meta['mode']} run, {meta['seconds']}s; JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
