@@ -17,7 +17,8 @@ STATUSES: tuple[str, ...] = ("running", "finished", "failed", "cancelled")
 class Execution(BaseModel):
     """One statechart execution. ``version`` is the optimistic-concurrency counter."""
 
-    model_config = ConfigDict(validate_assignment=True, extra="allow")
+    # NaN/Infinity serialize as bare tokens (not a silent null) so the store can refuse them.
+    model_config = ConfigDict(validate_assignment=True, extra="allow", ser_json_inf_nan="constants")
 
     id: Id
     definition_id: Id
@@ -37,7 +38,7 @@ def _new_id() -> str:
 class Event(BaseModel):
     """An event handled or emitted by an execution; ``id`` is its dedupe key."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     name: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
     id: Id = Field(default_factory=_new_id)

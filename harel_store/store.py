@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -82,6 +82,8 @@ def _check_id(value: object, name: str, *, optional: bool = False) -> Any:
 def _check_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not -(2**63) <= value < 2**63:  # SQLite's INTEGER
+        raise ValueError(f"{name} must fit in a signed 64-bit integer, not {value}")
     return value
 
 
@@ -101,11 +103,37 @@ def _json(value: object, name: str) -> str:
         raise ValueError(f"{name} is not JSON-serializable: {exc}") from None
 
 
+_T = TypeVar("_T")
+
+
+def _reject_constant(token: str) -> None:
+    raise ValueError(f"{token} is not a JSON number")
+
+
 def _dump(model: Execution | Event, name: str) -> str:
     try:
-        return model.model_dump_json()
+        data = model.model_dump_json()
+        # The models write NaN/Infinity as bare tokens (not null); refuse them, as _json does.
+        if "NaN" in data or "Infinity" in data:
+            json.loads(data, parse_constant=_reject_constant)
+        return data
     except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
         raise ValueError(f"{name} is not JSON-serializable: {exc}") from None
+
+
+def _loads_dict(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def _stored(what: str, parse: Callable[[str], _T], text: str) -> _T:
+    """Parse a stored JSON column; a corrupt one is a StoreError that names its row."""
+    try:
+        return parse(text)
+    except (ValueError, TypeError) as exc:  # ValidationError, JSONDecodeError are ValueErrors
+        raise StoreError(f"{what} has a corrupt stored record: {exc}") from exc
 
 
 def _encode_cursor(last_id: str) -> str:
@@ -113,6 +141,8 @@ def _encode_cursor(last_id: str) -> str:
 
 
 def _decode_cursor(cursor: str) -> str:
+    if not isinstance(cursor, str):
+        raise TypeError(f"cursor must be a string, not {type(cursor).__name__}")
     try:
         after = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))["after"]
     except (UnicodeError, binascii.Error, ValueError, TypeError, KeyError):
@@ -356,9 +386,10 @@ class Store:
             )
         _check_id(processed_event_id, "processed_event_id", optional=True)
         timer_ops = list(timers)
-        for op in timer_ops:
+        for i, op in enumerate(timer_ops):
             if not isinstance(op, TimerOp):
                 raise TypeError(f"each timer must be a TimerOp, not {type(op).__name__}")
+            timer_ops[i] = TimerOp(**dict(op))  # re-validated: model_construct skips the checks
         spawn_rows: list[tuple[str, str, str, str]] = []
         for spawn in spawns:
             if not (isinstance(spawn, tuple) and len(spawn) == 3):
@@ -507,6 +538,8 @@ class Store:
         status, a limit outside 1..1000 or a cursor this method did not make.
         """
         _check_id(definition_id, "definition_id", optional=True)
+        if not isinstance(roots_only, bool):
+            raise TypeError(f"roots_only must be a bool, not {type(roots_only).__name__}")
         statuses = [status] if isinstance(status, str) else None if status is None else list(status)
         for s in statuses or ():
             if s not in STATUSES:
@@ -559,7 +592,9 @@ class Store:
         with self._op():
             rows = self._q("pending_outbox")
         return [
-            OutboxEntry(seq, target, Event.model_validate_json(event))
+            OutboxEntry(
+                seq, target, _stored(f"outbox entry {seq}", Event.model_validate_json, event)
+            )
             for seq, target, event in rows
         ]
 
@@ -568,7 +603,7 @@ class Store:
         with self._op():
             rows = self._q("pending_spawns")
         return [
-            SpawnEntry(seq, parent, child, root, json.loads(ctx))
+            SpawnEntry(seq, parent, child, root, _stored(f"spawn {seq}", _loads_dict, ctx))
             for seq, parent, child, root, ctx in rows
         ]
 
@@ -583,7 +618,10 @@ class Store:
         _check_id(execution_id, "execution_id")
         with self._op():
             rows = self._q("read_trace", execution_id)
-        return [{**json.loads(entry), "index": idx} for idx, entry in rows]
+        return [
+            {**_stored(f"trace step {idx} of {execution_id!r}", _loads_dict, entry), "index": idx}
+            for idx, entry in rows
+        ]
 
     def load_definition(self, definition_id: str, version: int) -> DefinitionRecord | None:
         """The published definition version, or None."""
@@ -600,7 +638,7 @@ class Store:
             definition_id=definition_id,
             version=version,
             digest=digest,
-            source=json.loads(source),
+            source=_stored(f"definition {definition_id!r} v{version}", _loads_dict, source),
             published_at=published_at,
         )
 
@@ -639,7 +677,10 @@ class Store:
         _check_id(execution_id, "execution_id")
         with self._op():
             rows = self._q("outbox_for", execution_id)
-        return [OutboxEntry(seq, t, Event.model_validate_json(event)) for seq, t, event in rows]
+        return [
+            OutboxEntry(seq, t, _stored(f"outbox entry {seq}", Event.model_validate_json, event))
+            for seq, t, event in rows
+        ]
 
     def children_of(self, execution_id: str) -> list[ExecutionSummary]:
         """Summaries of the executions whose parent is ``execution_id``, ordered by id."""
