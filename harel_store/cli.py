@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from harel_store import demo
 from harel_store.errors import StoreError, translate
@@ -515,10 +515,16 @@ def _limit(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """A usage error is one line too (the usage itself is one ``--help`` away)."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog=PROG, description=TOP_HELP, formatter_class=raw)
-    common = argparse.ArgumentParser(add_help=False)
+    parser = _Parser(prog=PROG, description=TOP_HELP, formatter_class=raw)
+    common = _Parser(add_help=False)
     where = common.add_argument_group("database")
     where.add_argument("--url", help="a file path or http(s)/libsql URL")
     where.add_argument(
@@ -569,6 +575,9 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # usage errors exit 2 here
+    # libsql's replica client logs INFO lines (in colour) to stdout unless RUST_LOG is set,
+    # which would corrupt piped output; failures reach us as exceptions anyway.
+    os.environ.setdefault("RUST_LOG", "off")
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)

@@ -1,0 +1,384 @@
+"""The ``harel-store`` console script, driven in subprocesses on a local file and on sqld."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import libsql
+import pytest
+
+from harel_store import HEAD, Event, Execution, LibsqlStore, TimerOp
+from harel_store.cli import COMMANDS, main
+from harel_store.models import Status
+from harel_store.sql import MIGRATIONS, SQL_DIR
+from tests.sqld import SqldServer
+
+CLI = Path(sys.executable).with_name("harel-store")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
+    return subprocess.run(
+        [str(CLI), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        timeout=120,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" not in result.stdout  # no colour into a pipe
+    return result.stdout
+
+
+def failed(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """The one line a failure prints on stderr (never a traceback)."""
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def seed(database: str, *, auth_token: str = "", now: float | None = None) -> None:
+    """A parent with two children (one running), a finished and a failed root, a pending
+    outbox entry and spawn, one due and one future timer, and two trace steps."""
+    now = time.time() if now is None else now
+    with LibsqlStore(database, auth_token=auth_token) as s:
+        root = Execution(id="order-1", definition_id="order", active_path="placed")
+        s.save(root)
+        s.commit(
+            root,
+            [("order-1", Event(name="ping", id="evt-ping"))],
+            timers=(
+                TimerOp.schedule("placed.late", now - 10),
+                TimerOp.schedule("placed.remind", now + 3600),
+            ),
+            spawns=(("order-1.later", "later", {}),),
+            trace={"event": "place", "transition": "new -> placed", "at": now - 2.5},
+        )
+        s.append_trace("order-1", {"event": "pay", "transition": "placed -> paid", "at": now})
+        children: list[tuple[str, Status]] = [
+            ("order-1.pay", "finished"),
+            ("order-1.ship", "running"),
+        ]
+        for cid, status in children:
+            s.save(Execution(id=cid, definition_id="order", parent_id="order-1", status=status))
+        s.save(Execution(id="invoice-1", definition_id="invoice", status="finished"))
+        s.save(Execution(id="invoice-2", definition_id="invoice", status="failed"))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    database = str(tmp_path / "state.db")
+    seed(database)
+    return database
+
+
+# --- local file ---
+
+
+def test_help_everywhere_has_examples() -> None:
+    top = ok(cli("--help"))
+    assert "examples:" in top and "HAREL_AUTH_TOKEN" in top
+    for name, *_ in COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            main([name, "--help"])
+        assert exit_.value.code == 0
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert failed(cli(), 2).startswith("harel-store: error:")
+    assert "invalid choice: 'paused'" in failed(cli("ls", "--status", "paused"), 2)
+    assert "must be at least 1" in failed(cli("ls", "--limit", "0"), 2)
+    assert "--version" in failed(cli("purge", "x", "--version", "seven"), 2)
+    long_id = "x" * 600
+    assert "1 to 512 characters" in failed(cli("show", long_id, "--url", _migrated(tmp_path)), 2)
+
+
+def _migrated(tmp_path: Path) -> str:
+    database = str(tmp_path / "migrated.db")
+    ok(cli("migrate", "--url", database, cwd=tmp_path))
+    return database
+
+
+def test_migrate_outside_the_repository_then_status(tmp_path: Path) -> None:
+    result = cli("migrate", cwd=tmp_path, env={"HAREL_DATABASE_URL": "fresh.db"})
+    assert ok(result) == f"fresh.db: schema at revision {HEAD} (head {HEAD})\n"
+    assert f"Running upgrade  -> {MIGRATIONS[0].revision}" in result.stderr
+    with sqlite3.connect(tmp_path / "fresh.db") as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+    status = json.loads(ok(cli("status", "--json", "--url", str(tmp_path / "fresh.db"))))
+    assert status["schema_revision"] == status["head"] == HEAD
+    assert status["executions"] == {"running": 0, "finished": 0, "failed": 0, "cancelled": 0}
+
+
+def test_migrate_sql_prints_the_script_and_touches_nothing(tmp_path: Path) -> None:
+    script = ok(cli("migrate", "--sql", "--url", "never.db", cwd=tmp_path))
+    assert "CREATE TABLE harel_executions" in script and "COMMIT;" in script
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_a_schema_behind_head_is_one_line_telling_to_migrate(tmp_path: Path) -> None:
+    database = _migrated(tmp_path)
+    old = MIGRATIONS[-2].revision if len(MIGRATIONS) > 1 else "base"
+    assert f"revision {old}" in ok(cli("migrate", "--to", old, "--url", database))
+    for command in (("status",), ("ls",), ("show", "x"), ("trace", "x"), ("purge", "x")):
+        assert "harel-store migrate" in failed(cli(*command, "--url", database))
+    drift = cli("schema", "--check", "--url", database)
+    assert f"head is {HEAD}" in failed(drift)
+    assert "missing from database" in drift.stdout
+    ok(cli("migrate", "--url", database))
+    assert "matches head" in ok(cli("schema", "--check", "--url", database))
+
+
+def test_a_missing_file_is_an_error_not_a_new_database(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.db"
+    for command in (("status",), ("ls",), ("schema", "--check")):
+        assert "does not exist" in failed(cli(*command, "--url", str(missing)))
+    assert not missing.exists()
+    assert "does not exist" in failed(cli("status", cwd=tmp_path))  # the default, harel.db
+    assert not (tmp_path / "harel.db").exists()
+
+
+def test_status_counts(db: str) -> None:
+    status = json.loads(ok(cli("status", "--json", "--url", db)))
+    assert status["executions"] == {"running": 2, "finished": 2, "failed": 1, "cancelled": 0}
+    assert (status["pending_outbox"], status["pending_spawns"]) == (1, 1)
+    assert (status["timers_due"], status["timers_future"]) == (1, 1)
+    assert 0 <= status["oldest_outbox_age"] < 3600
+    text = ok(cli("status", "--url", db))
+    assert "5 total: running 2, finished 2, failed 1, cancelled 0" in text
+    assert "1 pending, oldest " in text and "1 due, 1 future" in text
+
+
+def test_status_says_unknown_for_an_outbox_entry_without_a_time(db: str) -> None:
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE harel_outbox SET created_at = NULL")
+    assert "1 pending, oldest unknown" in ok(cli("status", "--url", db))
+
+
+def test_ls_filters_and_json(db: str) -> None:
+    table = ok(cli("ls", "--url", db)).splitlines()
+    assert table[0].split()[:4] == ["ID", "DEFINITION", "VERSION", "STATUS"]
+    assert [row.split()[0] for row in table[1:]] == [
+        "invoice-1",
+        "invoice-2",
+        "order-1",
+        "order-1.pay",
+        "order-1.ship",
+    ]
+
+    def ids(*args: str) -> list[str]:
+        return [json.loads(ln)["id"] for ln in ok(cli("ls", "--json", "--url", db, *args)).split()]
+
+    assert ids("--status", "running") == ["order-1", "order-1.ship"]
+    assert ids("--status", "failed", "--status", "finished") == [
+        "invoice-1",
+        "invoice-2",
+        "order-1.pay",
+    ]
+    assert ids("--roots", "--definition", "order") == ["order-1"]
+    assert ids("--definition", "nothing") == []
+    limited = cli("ls", "--json", "--limit", "2", "--url", db)
+    assert len(ok(limited).splitlines()) == 2
+    assert "more match" in limited.stderr
+
+
+def test_ls_all_pages_with_the_cursor_and_pipes_cleanly(tmp_path: Path) -> None:
+    database = str(tmp_path / "many.db")
+    with LibsqlStore(database, synchronous="OFF") as s:
+        for i in range(1234):
+            s.save(Execution(id=f"e-{i:05d}", definition_id="bulk"))
+    lines = ok(cli("ls", "--all", "--json", "--url", database)).splitlines()
+    assert [json.loads(ln)["id"] for ln in lines] == [f"e-{i:05d}" for i in range(1234)]
+    table = ok(cli("ls", "--all", "--url", database)).splitlines()
+    assert len(table) == 1235
+    head = subprocess.run(
+        f"'{CLI}' ls --all --url '{database}' | head -n 1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert head.stdout.split()[0] == "ID" and head.stderr == ""
+
+
+def test_show(db: str) -> None:
+    doc = json.loads(ok(cli("show", "order-1", "--url", db)))
+    assert doc["execution"]["id"] == "order-1" and doc["execution"]["version"] == 2
+    assert [t["path"] for t in doc["timers"]] == ["placed.late", "placed.remind"]
+    assert [e["event"]["id"] for e in doc["outbox"]] == ["evt-ping"]
+    assert [c["id"] for c in doc["children"]] == ["order-1.pay", "order-1.ship"]
+    assert "no execution 'ghost'" in failed(cli("show", "ghost", "--url", db))
+
+
+def test_trace(db: str) -> None:
+    lines = ok(cli("trace", "order-1", "--url", db)).splitlines()
+    assert [ln.split()[0] for ln in lines] == ["0", "1"]
+    assert "+0.000s" in lines[0] and "+2.500s" in lines[1]
+    assert "new -> placed" in lines[0] and "placed -> paid" in lines[1]
+    steps = [
+        json.loads(ln)
+        for ln in ok(cli("trace", "order-1", "--json", "--url", db)).split("\n")
+        if ln
+    ]
+    assert [(s["index"], s["event"]) for s in steps] == [(0, "place"), (1, "pay")]
+    assert "no execution 'ghost'" in failed(cli("trace", "ghost", "--url", db))
+
+
+def test_purge_one_and_a_tree(db: str) -> None:
+    assert "pass --version 1" in failed(cli("purge", "order-1.ship", "--url", db))
+    assert "at version 1, not 5" in failed(cli("purge", "invoice-1", "--version", "5", "--url", db))
+    assert ok(cli("purge", "invoice-1", "--url", db)) == "purged invoice-1 (version 1)\n"
+    refused = failed(cli("purge", "order-1", "--tree", "--url", db))
+    assert "still running (order-1, order-1.ship)" in refused
+    with LibsqlStore(db) as s:
+        assert len(s.list_executions().items) == 4  # nothing was deleted
+        for eid in ("order-1", "order-1.ship"):
+            exe = s.load(eid)
+            assert exe is not None
+            exe.status = "cancelled"
+            s.save(exe)
+    purged = ok(cli("purge", "order-1", "--tree", "--url", db))
+    assert purged == "purged 3 executions: order-1, order-1.pay, order-1.ship\n"
+    with LibsqlStore(db) as s:
+        assert [e.id for e in s.list_executions().items] == ["invoice-2"]
+        assert s.pending_outbox() == [] and s.pending_spawns() == []
+        assert s.due_timers(time.time() + 7200) == [] and s.read_trace("order-1") == []
+
+
+def test_schema_prints_head_and_check_catches_drift(db: str) -> None:
+    assert ok(cli("schema")) == (SQL_DIR / "schema.sql").read_text(encoding="utf-8")
+    assert (
+        ok(cli("schema", "--check", "--url", db))
+        == f"{db}: schema matches head (revision {HEAD})\n"
+    )
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE harel_timers ADD COLUMN note TEXT NOT NULL DEFAULT ''")
+        conn.execute("DROP INDEX harel_timers_fire_at")
+        conn.execute(
+            "CREATE UNIQUE INDEX harel_outbox_target2 ON harel_outbox (target_id) WHERE seq > 0"
+        )
+    result = cli("schema", "--check", "--url", db)
+    assert "drifted from the head schema (3 differences)" in failed(result)
+    assert result.stdout.splitlines() == [
+        "harel_outbox: index harel_outbox_target2 UNIQUE (target_id) WHERE seq > 0 in database, "
+        "not in head",
+        "harel_timers: column note TEXT NOT NULL DEFAULT '' in database, not in head",
+        "harel_timers: index harel_timers_fire_at (fire_at) missing from database",
+    ]
+
+
+def test_the_demo_still_runs_with_no_arguments(tmp_path: Path) -> None:
+    out = ok(cli("demo", cwd=tmp_path))
+    assert "trace of order-" in out and (tmp_path / "harel-demo.db").exists()
+
+
+# --- the wheel ---
+
+
+def test_the_wheel_carries_sql_and_migrations_and_migrates_outside_the_repo(
+    tmp_path: Path,
+) -> None:
+    from hatchling.build import build_wheel
+
+    cwd = Path.cwd()
+    try:
+        os.chdir(REPO)
+        wheel = tmp_path / build_wheel(str(tmp_path / "dist"))
+    finally:
+        os.chdir(cwd)
+    wheel = tmp_path / "dist" / wheel.name
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+        zf.extractall(tmp_path / "site")
+    assert "harel-store = harel_store.cli:main" in entry_points
+    expected = {"harel_store/sql/queries.sql", "harel_store/sql/schema.sql"}
+    expected |= {"harel_store/migrations/env.py", "harel_store/migrations/script.py.mako"}
+    for m in MIGRATIONS:
+        expected |= {f"harel_store/sql/migrations/{m.name}.{d}.sql" for d in ("up", "down")}
+        expected.add(f"harel_store/migrations/versions/{m.name}.py")
+    assert expected <= names
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    env.pop("HAREL_DATABASE_URL", None)
+    run = subprocess.run(
+        [sys.executable, "-c", "import harel_store.cli, sys; sys.argv[0] = 'harel-store';"
+         " print(harel_store.cli.__file__); sys.exit(harel_store.cli.main())", "migrate",
+         "--url", "w.db"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0].startswith(str(tmp_path / "site"))
+    with sqlite3.connect(work / "w.db") as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+
+
+# --- a real libSQL server ---
+
+
+@pytest.fixture(scope="module")
+def sqld() -> Iterator[SqldServer]:
+    with SqldServer(auth=True) as server:
+        yield server
+
+
+@pytest.mark.sqld
+def test_against_sqld_with_a_token_from_the_environment(sqld: SqldServer, tmp_path: Path) -> None:
+    env = {"HAREL_DATABASE_URL": sqld.url, "HAREL_AUTH_TOKEN": sqld.token}
+    assert "harel-store migrate" in failed(cli("status", env=env))  # an empty server
+    ok(cli("migrate", env=env, cwd=tmp_path))
+    seed(sqld.url, auth_token=sqld.token)
+    status = json.loads(ok(cli("status", "--json", env=env)))
+    assert status["executions"]["running"] == 2 and status["pending_outbox"] == 1
+    assert "order-1.ship" in ok(cli("ls", "--status", "running", env=env))
+    assert json.loads(ok(cli("show", "order-1", env=env)))["children"][0]["id"] == "order-1.pay"
+    assert "placed -> paid" in ok(cli("trace", "order-1", env=env))
+    assert ok(cli("purge", "invoice-1", env=env)) == "purged invoice-1 (version 1)\n"
+    replica = ["--url", str(tmp_path / "replica.db"), "--sync-url", sqld.url]
+    assert "invoice-1" not in ok(cli("ls", *replica, env=env))
+    assert "invoice-2" in ok(cli("ls", *replica, env=env))
+
+    assert "matches head" in ok(cli("schema", "--check", env=env))
+    conn = libsql.connect(sqld.url, auth_token=sqld.token)
+    conn.execute("CREATE INDEX harel_trace_entry ON harel_trace (entry)")
+    conn.commit()
+    result = cli("schema", "--check", env=env)
+    assert "(1 differences)" in failed(result)
+    assert result.stdout == (
+        "harel_trace: index harel_trace_entry (entry) in database, not in head\n"
+    )
+    conn.execute("DROP INDEX harel_trace_entry")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.sqld
+def test_a_refused_token_is_one_line_without_the_token(sqld: SqldServer) -> None:
+    wrong = sqld.foreign_token()
+    for command in (("status",), ("ls",), ("schema", "--check"), ("migrate",)):
+        result = cli(*command, env={"HAREL_DATABASE_URL": sqld.url, "HAREL_AUTH_TOKEN": wrong})
+        line = failed(result)
+        assert wrong not in result.stdout + result.stderr
+        assert "401" in line or "auth" in line.lower(), line
