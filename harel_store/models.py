@@ -8,8 +8,11 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-# Ids are keys: non-empty, bounded, and really strings (no silent coercion from int).
-Id = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
+# Ids are keys: non-empty, bounded, and really strings (no silent coercion from int); no NUL,
+# which SQLite TEXT does not keep apart (libsql 0.1.8 reads "a\x00b" back as "a").
+Id = Annotated[
+    str, StringConstraints(strict=True, min_length=1, max_length=512, pattern="^[^\x00]*$")
+]
 Status = Literal["running", "finished", "failed", "cancelled"]
 STATUSES: tuple[str, ...] = ("running", "finished", "failed", "cancelled")
 
