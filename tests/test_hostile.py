@@ -278,7 +278,7 @@ def test_sql_and_like_metacharacters_are_only_data(driver: str, tmp_path: Path) 
             store.publish_definition(
                 DefinitionRecord(definition_id=text, version=1, digest=text, source={text: text})
             )
-        for i, text in enumerate(METACHARS):
+        for text in METACHARS:
             got = store.load(text)
             assert got is not None and got.context == {text: text} and got.definition_id == text
             assert store.load_for_event(text, text) == (got, True)
