@@ -19,6 +19,8 @@ CREATE INDEX harel_executions_roots ON harel_executions (status, id)
 WHERE parent_id IS NULL;
 CREATE INDEX harel_executions_definition_roots ON harel_executions (definition_id, status, id)
 WHERE parent_id IS NULL;
+CREATE INDEX harel_executions_parent ON harel_executions (parent_id, id)
+WHERE parent_id IS NOT NULL;
 
 CREATE TABLE harel_outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

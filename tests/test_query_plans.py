@@ -154,3 +154,8 @@ def test_new_outbox_entries_carry_sqlite_clock_epoch_seconds(tmp_path: Path) -> 
         after = time.time()
         (created,) = store._conn.execute("SELECT created_at FROM harel_outbox", ()).fetchone()
         assert before - 1 <= created <= after + 1
+
+
+def test_a_parents_children_are_an_index_seek(conn: Any) -> None:
+    plan = _plan(conn, "children_of")
+    assert plan == ["SEARCH harel_executions USING INDEX harel_executions_parent (parent_id=?)"]

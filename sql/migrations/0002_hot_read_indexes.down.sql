@@ -4,6 +4,7 @@ DROP INDEX harel_spawns_parent;
 DROP INDEX harel_outbox_target;
 ALTER TABLE harel_outbox DROP COLUMN created_at;
 DROP INDEX harel_timers_fire_at;
+DROP INDEX harel_executions_parent;
 DROP INDEX harel_executions_definition_roots;
 DROP INDEX harel_executions_roots;
 DROP INDEX harel_executions_definition;

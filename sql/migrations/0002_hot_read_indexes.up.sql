@@ -23,6 +23,9 @@ CREATE INDEX harel_executions_roots ON harel_executions (status, id)
 WHERE parent_id IS NULL;
 CREATE INDEX harel_executions_definition_roots ON harel_executions (definition_id, status, id)
 WHERE parent_id IS NULL;
+-- A parent's children (operator tree walks, purge of a tree); roots are not in it.
+CREATE INDEX harel_executions_parent ON harel_executions (parent_id, id)
+WHERE parent_id IS NOT NULL;
 
 CREATE INDEX harel_timers_fire_at ON harel_timers (fire_at);
 
