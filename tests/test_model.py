@@ -1,0 +1,220 @@
+"""Random sequences of commits, acks, sweeps and purges, checked against a plain model.
+
+After every step the store (both drivers) must agree with a few dicts that implement the
+contract in the most obvious way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from harel_store import Event, Execution, LibsqlStore, SqliteStore, StoreConflict, TimerOp
+from harel_store.store import Store
+
+IDS = ["a", "b", "c%", "d_"]
+PATHS = ["p", "q"]
+TRACE_MAX = 3
+FAR = 1e12
+
+
+class StoreModel(RuleBasedStateMachine):
+    driver: type[Store] = LibsqlStore
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = self.driver(":memory:", trace_max=TRACE_MAX)
+        self.exes: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.outbox: dict[int, tuple[str | None, str]] = {}
+        self.processed: set[tuple[str, str]] = set()
+        self.timers: dict[tuple[str, str], float] = {}
+        self.spawns: dict[int, tuple[str, str]] = {}
+        self.trace: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self.next_outbox = self.next_spawn = 1
+        self.counter = 0
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    @rule(
+        eid=st.sampled_from(IDS),
+        skew=st.sampled_from([0, 0, 0, -1, 1]),
+        to=st.lists(st.sampled_from([None, *IDS]), max_size=2),
+        processed=st.booleans(),
+        timer=st.one_of(
+            st.none(),
+            st.tuples(st.just("schedule"), st.sampled_from(PATHS), st.integers(0, 20)),
+            st.tuples(st.just("cancel"), st.sampled_from(PATHS), st.just(0)),
+        ),
+        spawn=st.booleans(),
+        trace=st.booleans(),
+    )
+    def commit(
+        self,
+        eid: str,
+        skew: int,
+        to: list[str | None],
+        processed: bool,
+        timer: tuple[str, str, int] | None,
+        spawn: bool,
+        trace: bool,
+    ) -> None:
+        self.counter += 1
+        n = self.counter
+        version = self.exes.get(eid, (0, {}))[0]
+        stale = skew != 0 and version + skew >= 0
+        exe = Execution(
+            id=eid,
+            definition_id="m",
+            version=version + skew if stale else version,
+            context={"n": n},
+        )
+        before = exe.version
+        events = [(t, Event(name="e", id=f"ev{n}-{k}")) for k, t in enumerate(to)]
+        ops = []
+        if timer is not None:
+            action, path, at = timer
+            ops.append(
+                TimerOp.schedule(path, float(at)) if action == "schedule" else TimerOp.cancel(path)
+            )
+        try:
+            seqs = self.store.commit(
+                exe,
+                events,
+                f"in{n}" if processed else None,
+                ops,
+                [(f"kid{n}", "r", {"n": n})] if spawn else [],
+                {"n": n} if trace else None,
+            )
+        except StoreConflict:
+            assert stale, "a conflict on a fresh version"
+            assert exe.version == before
+            return
+        assert not stale, "a stale version committed"
+        assert exe.version == version + 1
+        self.exes[eid] = (version + 1, {"n": n})
+        assert seqs == list(range(self.next_outbox, self.next_outbox + len(events)))
+        for seq, (target, event) in zip(seqs, events, strict=True):
+            self.outbox[seq] = (target, event.id)
+        self.next_outbox += len(events)
+        if processed:
+            self.processed.add((eid, f"in{n}"))
+        for op in ops:
+            if op.action == "schedule":
+                assert op.fire_at is not None
+                self.timers[(eid, op.path)] = op.fire_at
+            else:
+                self.timers.pop((eid, op.path), None)
+        if spawn:
+            self.spawns[self.next_spawn] = (eid, f"kid{n}")
+            self.next_spawn += 1
+        if trace:
+            ring = self.trace.setdefault(eid, [])
+            ring.append((ring[-1][0] + 1 if ring else 0, {"n": n}))
+            del ring[:-TRACE_MAX]
+
+    @precondition(lambda self: self.outbox)
+    @rule(data=st.data())
+    def ack_outbox(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.outbox)))
+        self.store.ack_outbox(seq)
+        del self.outbox[seq]
+
+    @rule(seq=st.integers(0, 1000))
+    def ack_unknown(self, seq: int) -> None:
+        self.store.ack_outbox(seq)
+        self.outbox.pop(seq, None)
+        self.store.ack_spawn(seq)
+        self.spawns.pop(seq, None)
+
+    @precondition(lambda self: self.spawns)
+    @rule(data=st.data())
+    def ack_spawn(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.spawns)))
+        self.store.ack_spawn(seq)
+        del self.spawns[seq]
+
+    @rule(now=st.integers(0, 20), rearm=st.booleans())
+    def sweep(self, now: int, rearm: bool) -> None:
+        due = self.store.due_timers(float(now))
+        assert sorted(due) == sorted((e, p, at) for (e, p), at in self.timers.items() if at <= now)
+        for eid, path, at in due:
+            if rearm:  # re-armed between the sweep and the delete: the delete must spare it
+                self.store.commit(
+                    Execution(
+                        id=eid,
+                        definition_id="m",
+                        version=self.exes[eid][0],
+                        context=self.exes[eid][1],
+                    ),
+                    [],
+                    timers=[TimerOp.schedule(path, at + 100)],
+                )
+                self.exes[eid] = (self.exes[eid][0] + 1, self.exes[eid][1])
+                self.timers[(eid, path)] = at + 100
+            else:
+                del self.timers[(eid, path)]
+            self.store.delete_timer(eid, path, at)
+
+    @rule(eid=st.sampled_from(IDS), skew=st.sampled_from([0, 0, 1, -1]))
+    def purge(self, eid: str, skew: int) -> None:
+        version = self.exes.get(eid, (0, {}))[0] + skew
+        if version < 0:
+            return
+        exists = eid in self.exes
+        expect = exists and skew == 0
+        assert self.store.purge(eid, version) is expect
+        if exists and not expect:
+            return
+        self.exes.pop(eid, None)
+        self.processed = {(e, i) for e, i in self.processed if e != eid}
+        self.timers = {k: v for k, v in self.timers.items() if k[0] != eid}
+        self.outbox = {s: v for s, v in self.outbox.items() if v[0] != eid}
+        self.spawns = {s: v for s, v in self.spawns.items() if v[0] != eid}
+        self.trace.pop(eid, None)
+
+    @invariant()
+    def agrees(self) -> None:
+        s = self.store
+        for eid in IDS:
+            got = s.load(eid)
+            if eid in self.exes:
+                assert got is not None
+                assert (got.version, got.context) == self.exes[eid]
+            else:
+                assert got is None
+            assert s.read_trace(eid) == [{**e, "index": i} for i, e in self.trace.get(eid, [])]
+        assert s.ids_with_prefix("") == sorted(self.exes)
+        assert [(o.seq, o.target_id, o.event.id) for o in s.pending_outbox()] == [
+            (seq, *v) for seq, v in sorted(self.outbox.items())
+        ]
+        assert [(p.seq, p.parent_id, p.child_id) for p in s.pending_spawns()] == [
+            (seq, *v) for seq, v in sorted(self.spawns.items())
+        ]
+        assert sorted(s.due_timers(FAR)) == sorted((e, p, at) for (e, p), at in self.timers.items())
+        for n in range(1, self.counter + 1):
+            for eid in IDS:
+                assert s.is_processed(eid, f"in{n}") == ((eid, f"in{n}") in self.processed)
+
+
+SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+class LibsqlModel(StoreModel):
+    driver = LibsqlStore
+
+
+class SqliteModel(StoreModel):
+    driver = SqliteStore
+
+
+TestLibsqlAgainstModel = SETTINGS(LibsqlModel).TestCase
+TestSqliteAgainstModel = SETTINGS(SqliteModel).TestCase
