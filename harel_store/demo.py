@@ -86,13 +86,13 @@ def run(store: Store, out: TextIO) -> str:
         say(f"spawn relay: created {child.id}")
 
     for child_id, done in ((f"{order.id}.payment", "paid"), (f"{order.id}.shipping", "shipped")):
-        child = store.load(child_id)
-        assert child is not None
-        child.status, child.outcome, child.finished_at = "finished", done, time.time()
+        member = store.load(child_id)
+        assert member is not None
+        member.status, member.outcome, member.finished_at = "finished", done, time.time()
         seqs = store.commit(
-            child,
+            member,
             [(order.id, Event(name=done, payload={"from": child_id}))],
-            trace=_step("work", child.active_path or "", "done"),
+            trace=_step("work", member.active_path or "", "done"),
         )
         say(f"{child_id}: finished ({done}), emitted outbox #{seqs[0]} to the parent")
 
