@@ -24,19 +24,67 @@ def _async_opener(loop: asyncio.AbstractEventLoop) -> Opener:
     return open_async
 
 
-LOCAL_KINDS = ["libsql-memory", "libsql-file", "sqlite-file", "async-libsql-file"]
+KINDS = [
+    "libsql-memory",
+    "libsql-file",
+    "sqlite-file",
+    "async-libsql-file",
+    "libsql-remote",
+    "libsql-replica",
+]
 
 
-@pytest.fixture(params=LOCAL_KINDS)
+@pytest.fixture(scope="session")
+def sqld(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One real sqld (token auth on) on 127.0.0.1 for the session; its log is kept on failure."""
+    from tests.sqld import SqldServer
+
+    server = SqldServer(tmp_path_factory.mktemp("sqld"), auth=True)
+    server.start()
+    LibsqlStore(server.url, auth_token=server.token, migrate=True).close()
+    yield server
+    server.stop()
+    if request.session.testsfailed:
+        print(f"\nsqld log kept at {server.log_path}:\n{server.log_tail()}")
+
+
+def reset_remote(server: Any) -> None:
+    """Empty the server's database between tests (one server serves the whole session)."""
+    import libsql
+
+    conn = libsql.connect(server.url, auth_token=server.token)
+    try:
+        names = conn.execute(
+            "SELECT type, name FROM sqlite_master WHERE type = 'trigger' "
+            "OR (type = 'table' AND name LIKE 'harel_%')"
+        ).fetchall()
+        for type_, name in names:
+            conn.execute(f"DROP TRIGGER {name}" if type_ == "trigger" else f"DELETE FROM {name}")
+        conn.execute("DELETE FROM sqlite_sequence")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def open_store(kind: str, tmp_path: Path) -> Iterator[Opener]:
+def open_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Opener]:
     """A function that opens a store of this test's kind (same database on every call)."""
     opened: list[Any] = []
     database: str | Path = ":memory:" if kind.endswith("memory") else tmp_path / "state.db"
+    options: dict[str, Any] = {}
+    if kind in ("libsql-remote", "libsql-replica"):
+        server = request.getfixturevalue("sqld")
+        reset_remote(server)
+        options["auth_token"] = server.token
+        if kind == "libsql-remote":
+            database = server.url
+        else:
+            options.update(sync_url=server.url, sync_interval=60.0)
     loop = asyncio.new_event_loop() if kind.startswith("async") else None
     make: Opener = (
         _async_opener(loop)
@@ -45,7 +93,7 @@ def open_store(kind: str, tmp_path: Path) -> Iterator[Opener]:
     )
 
     def opener(**kwargs: Any) -> Any:
-        store = make(database, **kwargs)
+        store = make(database, **options, **kwargs)
         opened.append(store)
         return store
 

@@ -455,7 +455,9 @@ def test_threads_sharing_one_store_never_mix_batches(store: Any) -> None:
     assert len(store.read_trace("own-0")) == 15
 
 
-@pytest.mark.parametrize("kind", ["libsql-file", "sqlite-file", "async-libsql-file"])
+@pytest.mark.parametrize(
+    "kind", ["libsql-file", "sqlite-file", "async-libsql-file", "libsql-remote", "libsql-replica"]
+)
 def test_reopen_after_close_keeps_what_was_committed(open_store: Any) -> None:
     store = open_store()
     exe = new()
