@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -41,7 +42,7 @@ def cli(
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, result.stderr
-    assert "\x1b[" not in result.stdout  # no colour into a pipe
+    assert "\x1b[" not in result.stdout, result.stdout  # no colour into a pipe
     return result.stdout
 
 
@@ -382,3 +383,56 @@ def test_a_refused_token_is_one_line_without_the_token(sqld: SqldServer) -> None
         line = failed(result)
         assert wrong not in result.stdout + result.stderr
         assert "401" in line or "auth" in line.lower(), line
+
+
+def test_colour_only_on_a_terminal(db: str) -> None:
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    proc = subprocess.run(
+        [str(CLI), "ls", "--url", db], stdout=child_fd, stderr=subprocess.PIPE, env=env, timeout=60
+    )
+    os.close(child_fd)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's writer is gone
+        while chunk := os.read(main_fd, 65536):
+            out += chunk
+    os.close(main_fd)
+    assert proc.returncode == 0
+    assert b"\x1b[32mfinished" in out and b"\x1b[33mrunning" in out
+    assert "\x1b[" not in ok(cli("ls", "--url", db))
+
+
+def test_describe_and_diff_see_through_layout_but_not_meaning() -> None:
+    from harel_store.schema import describe, diff
+
+    def schema(sql: str) -> dict[str, dict[str, object]]:
+        conn = sqlite3.connect(":memory:")
+        conn.executescript(sql)
+        return describe(conn)
+
+    base = schema(
+        "CREATE TABLE t (a TEXT NOT NULL, b int);\nCREATE INDEX t_b ON t (b) WHERE b > 0;"
+    )
+    assert (
+        diff(
+            base,
+            schema(
+                "create table t (a text not null,\n  b INT);"
+                "create index t_b on t(b)\n  where b > 0;"
+            ),
+        )
+        == []
+    )
+    assert diff(
+        base,
+        schema("CREATE TABLE t (b INT, a TEXT NOT NULL); CREATE INDEX t_b ON t (b) WHERE b > 1;"),
+    ) == [
+        "t: column order is a, b in head, b, a in database",
+        "t: index t_b is (b) WHERE b > 0 in head, (b) WHERE b > 1 in database",
+    ]
+    assert diff(base, schema("CREATE TABLE t (a TEXT, b INT); CREATE INDEX t_b ON t (b);")) == [
+        "t: column a is a TEXT NOT NULL in head, a TEXT in database",
+        "t: index t_b is (b) WHERE b > 0 in head, (b) in database",
+    ]
