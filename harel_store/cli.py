@@ -111,21 +111,14 @@ def _open(args: argparse.Namespace) -> LibsqlStore:
 
 
 @contextmanager
-def _raw(database: str, sync_url: str | None) -> Iterator[Callable[[str, Any], list[Any]]]:
+def _raw(database: str) -> Iterator[Callable[[str, Any], list[Any]]]:
     """A bare libsql connection (whatever its schema) as a ``run(sql, params)`` function."""
     import libsql
 
     token = _token()
-    kwargs: dict[str, Any] = {}
-    if is_remote(database) or sync_url is not None:
-        kwargs["auth_token"] = token
-    if sync_url is not None:
-        kwargs["sync_url"] = sync_url
     secrets = (token,) if token else ()
     try:
-        conn = libsql.connect(database, **kwargs)
-        if sync_url is not None:
-            conn.sync()
+        conn = libsql.connect(database, **({"auth_token": token} if is_remote(database) else {}))
     except Exception as exc:
         raise translate(exc, secrets) from exc
 
@@ -178,7 +171,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         known = [m.revision for m in MIGRATIONS]
         current = None
         if is_remote(database) or Path(database).exists():
-            with _raw(database, None) as run:
+            with _raw(database) as run:
                 current = _revision(run)
         down = target == "base" or (
             target in known and current in known and known.index(target) < known.index(current)
@@ -187,7 +180,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             command.downgrade(config, target)
         else:
             command.upgrade(config, target)
-        with _raw(database, None) as run:
+        with _raw(database) as run:
             after = _revision(run)
     finally:
         logger.removeHandler(handler)
@@ -394,7 +387,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     database = args.sync_url or _database(args)
     _require_local(database, None)
-    with _raw(database, None) as run:
+    with _raw(database) as run:
         revision = _revision(run)
         live = describe(run)
     lines = diff(head_schema(), live)
