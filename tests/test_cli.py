@@ -341,6 +341,8 @@ def test_the_wheel_carries_sql_and_migrations_and_migrates_outside_the_repo(
 
 @pytest.fixture(scope="module")
 def sqld() -> Iterator[SqldServer]:
+    """A server of this module's own (not conftest's session one): these tests start from an
+    empty database, migrate it with the CLI, and alter its schema by hand."""
     with SqldServer(auth=True) as server:
         yield server
 
