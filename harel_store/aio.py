@@ -108,9 +108,24 @@ class AsyncLibsqlStore:
         """Async version of `LibsqlStore.is_processed`."""
         return await self._run(self._s.is_processed, execution_id, event_id)
 
-    async def list_executions(self, **filters: Any) -> ExecutionPage:
-        """Async version of `LibsqlStore.list_executions` (same keyword arguments)."""
-        return await self._run(lambda: self._s.list_executions(**filters))
+    async def list_executions(
+        self,
+        *,
+        definition_id: str | None = None,
+        status: str | Iterable[str] | None = None,
+        roots_only: bool = False,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> ExecutionPage:
+        """Async version of `LibsqlStore.list_executions`."""
+        return await self._run(
+            self._s.list_executions,
+            definition_id=definition_id,
+            status=status,
+            roots_only=roots_only,
+            limit=limit,
+            cursor=cursor,
+        )
 
     async def pending_outbox(self) -> list[OutboxEntry]:
         """Async version of `LibsqlStore.pending_outbox`."""
