@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import ctypes
 import hashlib
 import importlib.util
 import json
@@ -41,6 +42,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -95,8 +97,10 @@ def _sha256_file(path: Path) -> str:
 
 def _is_pinned(path: Path) -> bool:
     try:
-        return path.is_file() and path.stat().st_size == _SQLD_SIZE and (
-            _sha256_file(path) == SQLD_SHA256
+        return (
+            path.is_file()
+            and path.stat().st_size == _SQLD_SIZE
+            and (_sha256_file(path) == SQLD_SHA256)
         )
     except OSError:
         return False
@@ -223,6 +227,32 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 _live: weakref.WeakSet[SqldServer] = weakref.WeakSet()
 
+_PR_SET_PDEATHSIG = 1
+_prctl: Any = None
+if sys.platform == "linux":
+    try:
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover
+        _prctl = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return True
+
 
 @atexit.register
 def _stop_leftovers() -> None:
@@ -262,6 +292,7 @@ class SqldServer:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self.db_path = self.data_dir / "db"
         self.log_path = self.data_dir / "sqld.log"
+        self.pid_path = self.data_dir / "sqld.pid"
         self.port: int | None = port
         self._port_fixed = port is not None
         self.startup_timeout = startup_timeout
@@ -293,9 +324,15 @@ class SqldServer:
 
     @property
     def sqlalchemy_url(self) -> str:
-        """URL for ``sqlalchemy-libsql`` / Alembic (carries the token when auth is on)."""
-        url = f"sqlite+libsql://{self.HOST}:{self._require_port()}?secure=false"
-        return url + (f"&authToken={self.token}" if self.token else "")
+        """URL for ``sqlalchemy-libsql`` / Alembic. It carries no token: with
+        sqlalchemy-libsql 0.2.0 an ``authToken=`` query parameter is NOT honoured
+        (sqld answers 401); pass :attr:`sqlalchemy_connect_args` instead."""
+        return f"sqlite+libsql://{self.HOST}:{self._require_port()}?secure=false"
+
+    @property
+    def sqlalchemy_connect_args(self) -> dict[str, Any]:
+        """``create_engine(url, connect_args=...)`` for this server (the token, if any)."""
+        return {"auth_token": self.token} if self.token else {}
 
     def _require_port(self) -> int:
         if self.port is None:
@@ -363,6 +400,7 @@ class SqldServer:
         if self.key_path is not None:
             args += ["--auth-jwt-key-file", str(self.key_path)]
         args += self.extra_args
+        self._refuse_if_leftover()
         self._log = self.log_path.open("ab")
         self._log.write(f"\n=== harel tests: starting {' '.join(args)}\n".encode())
         self._log.flush()
@@ -376,8 +414,33 @@ class SqldServer:
             cwd=self.data_dir,
             env=env,
             start_new_session=True,  # a Ctrl-C in the test runner does not reach it
+            # If this process dies without stop() (SIGKILL, timeout), take sqld down too.
+            # PDEATHSIG fires when the forking *thread* exits, so only from the main thread.
+            preexec_fn=(
+                _die_with_parent
+                if _prctl is not None and threading.current_thread() is threading.main_thread()
+                else None
+            ),
         )
+        self.pid_path.write_text(f"{self._proc.pid}\n")
         _live.add(self)
+
+    def _refuse_if_leftover(self) -> None:
+        """Two sqld on one data dir corrupt it: refuse while an earlier one lives."""
+        try:
+            old = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if _pid_alive(old):
+            try:
+                cmdline = Path(f"/proc/{old}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                cmdline = b""
+            if str(self.db_path).encode() in cmdline:
+                raise SqldError(
+                    f"an earlier sqld (pid {old}) still serves {self.db_path}; "
+                    "stop it before starting another on the same data dir"
+                )
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -392,7 +455,7 @@ class SqldServer:
             try:
                 self.ping(timeout=1.0)
                 return
-            except (OSError, SqldError) as exc:  # URLError is an OSError
+            except (OSError, ValueError, SqldError) as exc:  # URLError is an OSError
                 last_error = f"{type(exc).__name__}: {exc}"
             time.sleep(0.05)
         raise SqldError(
@@ -425,19 +488,20 @@ class SqldServer:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is not None:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=timeout)
-                except ProcessLookupError:
-                    pass
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
         if self._log is not None:
             self._log.close()
             self._log = None
+        if proc is not None:
+            self.pid_path.unlink(missing_ok=True)
         _live.discard(self)
 
     def kill(self) -> None:
