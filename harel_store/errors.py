@@ -35,6 +35,16 @@ _BUSY = re.compile(r"database is (locked|busy)|SQLITE_BUSY", re.IGNORECASE)
 _AUTH = re.compile(r"\b401\b|unauthori[sz]ed|authenticat", re.IGNORECASE)
 
 
+# The server has given up on the connection's stream: every later call on it fails the same
+# way, rollback included (sqld: a stream idle ~10 s, a server restarted mid-transaction).
+_LOST = re.compile(r"STREAM_EXPIRED|stream has expired|invalid baton", re.IGNORECASE)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether a driver error means the connection is dead and a new one is needed."""
+    return not isinstance(exc, StoreError) and bool(_LOST.search(str(exc)))
+
+
 def translate(exc: BaseException, secrets: tuple[str, ...] = ()) -> StoreError:
     """Turn a driver error into the store's own, never repeating a secret it may quote."""
     text = str(exc) or type(exc).__name__

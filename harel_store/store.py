@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -18,7 +19,7 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from harel_store.errors import SchemaError, StoreConflict, StoreError, translate
+from harel_store.errors import SchemaError, StoreConflict, StoreError, connection_lost, translate
 from harel_store.models import (
     STATUSES,
     DefinitionRecord,
@@ -183,28 +184,37 @@ class StoreStats(NamedTuple):
 
 
 class Store:
-    """The store core, shared by both drivers. Safe to share between threads."""
+    """The store core, shared by both drivers. Safe to share between threads.
+
+    ``connect`` opens a ready connection (pragmas set, a replica synced). A connection the
+    server has given up on (an expired stream, a lost transaction) is closed and replaced
+    by a new one from ``connect`` on the next operation.
+    """
 
     def __init__(
         self,
-        conn: Connection,
+        connect: Callable[[], Connection],
         *,
         database: str | Path,
         migrate: bool,
         trace_max: int | None,
         secrets: tuple[str, ...] = (),
-        sync: Callable[[], None] | None = None,
+        sync: Callable[[Any], None] | None = None,
     ) -> None:
-        self._conn = conn
+        self._connect = connect
         self._database = _show(database)
         self._secrets = secrets
         self._sync = sync
         self._lock = threading.RLock()
+        self._dead = False  # the connection must be replaced before its next use
+        self._closed = False
+        self._writing = False  # a statement of the current write transaction may have run
         self.trace_max = trace_max
+        self._conn = self._open()
         try:
             self._ensure_schema(migrate)
         except BaseException:
-            conn.close()
+            self.close()
             raise
 
     def __repr__(self) -> str:
@@ -221,7 +231,17 @@ class Store:
     def _q(self, name: str, *params: Any) -> Any:
         """Run one named query; what comes back depends on its suffix in queries.sql."""
         query = QUERIES[name]
-        cur = self._conn.execute(query.sql, params)
+        try:
+            cur = self._conn.execute(query.sql, params)
+        except Exception as exc:
+            # A dead connection: a read, or a BEGIN, has had no effect yet, so it runs again
+            # on a new one; a write transaction past its BEGIN fails (see _txn).
+            if self._writing or not connection_lost(exc):
+                raise
+            self._discard()
+            self._conn = self._open()
+            self._dead = False
+            cur = self._conn.execute(query.sql, params)
         if query.kind == "!":
             return cur.rowcount
         if query.kind == "^":
@@ -231,11 +251,33 @@ class Store:
             return None if row is None else row[0]
         return cur.fetchall()
 
+    def _open(self) -> Connection:
+        try:
+            return self._connect()
+        except Exception as exc:
+            raise translate(exc, self._secrets) from exc
+
+    def _discard(self) -> None:
+        """Close a connection that is no longer usable; the next operation opens another."""
+        self._dead = True
+        # A dead libsql connection may fail any call, even close (pyo3's PanicException is
+        # a BaseException).
+        with suppress(BaseException):
+            self._conn.close()
+
+    def _ready(self) -> None:
+        if self._dead:
+            if self._closed:
+                raise StoreError(f"{self!r} is closed")
+            self._conn = self._open()
+            self._dead = False
+
     @contextmanager
     def _op(self) -> Iterator[None]:
         """One operation at a time on the connection; driver errors become StoreError."""
         with self._lock:
             try:
+                self._ready()
                 yield
             except StoreError:
                 raise
@@ -250,15 +292,24 @@ class Store:
         """
         with self._lock:
             try:
+                self._ready()
                 self._q("begin")
+                self._writing = True
                 try:
                     yield
                     self._conn.commit()
-                except BaseException:
+                except BaseException as exc:
                     # The connection may be gone; the server then drops the transaction.
-                    with suppress(Exception):
+                    try:
                         self._conn.rollback()
+                    except Exception as lost:
+                        if connection_lost(lost):
+                            self._discard()
+                    if connection_lost(exc):
+                        self._discard()
                     raise
+                finally:
+                    self._writing = False
             except StoreError:
                 raise
             except Exception as exc:
@@ -269,7 +320,7 @@ class Store:
         if self._sync is not None:
             try:
                 with self._op():
-                    self._sync()
+                    self._sync(self._conn)
             except StoreError:
                 pass
 
@@ -645,9 +696,11 @@ class Store:
         )
 
     def close(self) -> None:
-        """Close the connection; the store is unusable afterwards."""
-        with self._op():
-            self._conn.close()
+        """Close the connection; the store is unusable afterwards (a second close is a no-op)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._discard()
 
     # --- operator reads and the tree purge (the harel-store CLI) ---
 
@@ -734,6 +787,10 @@ def _local_pragmas(
     conn.execute(f"PRAGMA synchronous = {synchronous}", ())
 
 
+def _replica_sync(conn: Any) -> None:
+    conn.sync()
+
+
 class LibsqlStore(Store):
     """The store over libSQL: a local file, a remote primary, or an embedded replica.
 
@@ -758,6 +815,9 @@ class LibsqlStore(Store):
         busy_timeout: float = 5.0,
         migrate: bool | None = None,
     ) -> None:
+        # libsql's Rust client logs INFO lines (a replica's handshakes) to stdout unless
+        # RUST_LOG says otherwise; errors reach the caller as exceptions anyway.
+        os.environ.setdefault("RUST_LOG", "error")
         import libsql
 
         _check_local_options(synchronous, busy_timeout)
@@ -770,28 +830,34 @@ class LibsqlStore(Store):
             if sync_interval is not None:
                 kwargs["sync_interval"] = sync_interval
         secrets = (auth_token,) if auth_token else ()
-        try:
+
+        def connect() -> Connection:
             conn = libsql.connect(str(database), **kwargs)
-            if sync_url is not None:
-                conn.sync()
-            elif not remote:
-                _local_pragmas(conn, database, synchronous, busy_timeout)
-        except Exception as exc:
-            raise translate(exc, secrets) from exc
+            try:
+                if sync_url is not None:
+                    conn.sync()  # opening a replica pulls nothing by itself
+                elif not remote:
+                    _local_pragmas(conn, database, synchronous, busy_timeout)
+            except BaseException:
+                with suppress(BaseException):
+                    conn.close()
+                raise
+            return conn  # type: ignore[no-any-return]
+
         super().__init__(
-            conn,
+            connect,
             database=database if sync_url is None else f"{database} (replica of {_show(sync_url)})",
             migrate=not remote if migrate is None else migrate,
             trace_max=trace_max,
             secrets=secrets,
-            sync=conn.sync if sync_url is not None else None,
+            sync=_replica_sync if sync_url is not None else None,
         )
 
     def sync(self) -> None:
         """Pull the primary's latest state into an embedded replica (no-op otherwise)."""
         if self._sync is not None:
             with self._op():
-                self._sync()
+                self._sync(self._conn)
 
 
 class SqliteStore(Store):
@@ -807,14 +873,16 @@ class SqliteStore(Store):
         migrate: bool = True,
     ) -> None:
         _check_local_options(synchronous, busy_timeout)
-        try:
+
+        def connect() -> Connection:
             conn = sqlite3.connect(
-                str(database),
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=busy_timeout,
+                str(database), isolation_level=None, check_same_thread=False, timeout=busy_timeout
             )
-            _local_pragmas(conn, database, synchronous, busy_timeout)
-        except sqlite3.Error as exc:
-            raise translate(exc) from exc
-        super().__init__(conn, database=database, migrate=migrate, trace_max=trace_max)
+            try:
+                _local_pragmas(conn, database, synchronous, busy_timeout)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        super().__init__(connect, database=database, migrate=migrate, trace_max=trace_max)
