@@ -791,6 +791,17 @@ def _replica_sync(conn: Any) -> None:
     conn.sync()
 
 
+def _why_sync_failed(libsql: Any, sync_url: str, auth_token: str) -> None:
+    """A replica's sync reports a refused token only as a handshake timeout (the cause goes
+    to the Rust log); ask the primary directly, and raise what it says if it refuses."""
+    probe = libsql.connect(sync_url, auth_token=auth_token)
+    try:
+        probe.execute("SELECT 1", ()).fetchall()
+    finally:
+        with suppress(BaseException):
+            probe.close()
+
+
 class LibsqlStore(Store):
     """The store over libSQL: a local file, a remote primary, or an embedded replica.
 
@@ -815,9 +826,9 @@ class LibsqlStore(Store):
         busy_timeout: float = 5.0,
         migrate: bool | None = None,
     ) -> None:
-        # libsql's Rust client logs INFO lines (a replica's handshakes) to stdout unless
-        # RUST_LOG says otherwise; errors reach the caller as exceptions anyway.
-        os.environ.setdefault("RUST_LOG", "error")
+        # libsql's Rust client logs to stdout (a replica's handshakes at INFO, its retries at
+        # ERROR) unless RUST_LOG says otherwise; failures reach the caller as exceptions.
+        os.environ.setdefault("RUST_LOG", "off")
         import libsql
 
         _check_local_options(synchronous, busy_timeout)
@@ -835,7 +846,11 @@ class LibsqlStore(Store):
             conn = libsql.connect(str(database), **kwargs)
             try:
                 if sync_url is not None:
-                    conn.sync()  # opening a replica pulls nothing by itself
+                    try:
+                        conn.sync()  # opening a replica pulls nothing by itself
+                    except Exception:
+                        _why_sync_failed(libsql, sync_url, auth_token)
+                        raise
                 elif not remote:
                     _local_pragmas(conn, database, synchronous, busy_timeout)
             except BaseException:
