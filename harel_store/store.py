@@ -11,6 +11,7 @@ import binascii
 import json
 import os
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -787,6 +788,24 @@ def _local_pragmas(
     conn.execute(f"PRAGMA synchronous = {synchronous}", ())
 
 
+def _import_libsql() -> Any:
+    """Import libsql with its Rust log off unless RUST_LOG is set.
+
+    libsql's client logs to stdout (a replica's handshakes at INFO, its retries at ERROR)
+    and reads RUST_LOG once, when it is imported; failures reach the caller as exceptions
+    anyway. The variable is set only around the import, so child processes do not inherit it.
+    """
+    if "libsql" in sys.modules or "RUST_LOG" in os.environ:
+        import libsql
+    else:
+        os.environ["RUST_LOG"] = "off"
+        try:
+            import libsql
+        finally:
+            del os.environ["RUST_LOG"]
+    return libsql
+
+
 def _replica_sync(conn: Any) -> None:
     conn.sync()
 
@@ -826,10 +845,7 @@ class LibsqlStore(Store):
         busy_timeout: float = 5.0,
         migrate: bool | None = None,
     ) -> None:
-        # libsql's Rust client logs to stdout (a replica's handshakes at INFO, its retries at
-        # ERROR) unless RUST_LOG says otherwise; failures reach the caller as exceptions.
-        os.environ.setdefault("RUST_LOG", "off")
-        import libsql
+        libsql = _import_libsql()
 
         _check_local_options(synchronous, busy_timeout)
         remote = is_remote(database) or sync_url is not None

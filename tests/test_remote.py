@@ -212,10 +212,11 @@ def test_a_replica_with_a_refused_token_says_authentication_failed(
 
 
 SILENT_REPLICA = """
-import sys
+import os, sys
 from harel_store import Execution, LibsqlStore, StoreError
 url, token, wrong, path = sys.argv[1:5]
 with LibsqlStore(path, sync_url=url, auth_token=token) as store:
+    assert "RUST_LOG" not in os.environ  # set only around the import: children never see it
     store.commit(Execution(id="quiet", definition_id="d"), [])
     store.sync()
     assert store.load("quiet").version == 1
@@ -229,7 +230,8 @@ except StoreError as exc:
 def test_a_replica_process_prints_nothing_and_logs_no_token(
     server: SqldServer, tmp_path: Path
 ) -> None:
-    """libsql's Rust client logs to stdout unless RUST_LOG is set: the store sets it to off."""
+    """libsql's Rust client logs to stdout unless RUST_LOG is set: the store imports it
+    with RUST_LOG=off (unless the caller set RUST_LOG)."""
     wrong = SqldServer.foreign_token()
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
     env["PYTHONPATH"] = str(REPO)
