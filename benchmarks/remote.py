@@ -9,7 +9,11 @@ Starts its own sqld on 127.0.0.1 (``tests.sqld``, token auth on) and reports:
   (libsql holds the GIL through every network call, so a proxy thread in this process
   would never run);
 - latency as a ratio against one ``SELECT 1`` round trip to the same server on a bare
-  connection, measured directly (not through the proxy), median of many runs.
+  connection, measured directly (not through the proxy), median of many runs;
+- the event-loop lag of ``AsyncLibsqlStore``: how late a task that sleeps 1 ms in a loop
+  wakes while commits are awaited through the twin, remote and replica, against the same
+  ticker idle; for comparison the same on a local file, through the twin over
+  ``LibsqlStore`` and over ``SqliteStore`` (stdlib ``sqlite3``, which releases the GIL).
 
 A typical commit: the CAS update, one emit, the dedupe marker, one timer schedule and one
 trace step. Not a test: the figures depend on the machine; compare the ratios.
@@ -18,6 +22,7 @@ trace step. Not a test: the figures depend on the machine; compare the ratios.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import re
@@ -28,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,7 @@ if __package__ in (None, ""):  # `python benchmarks/remote.py` as well as `-m be
 os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's log quiet
 import libsql
 
-from harel_store import Event, Execution, LibsqlStore, TimerOp
+from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
 from tests.sqld import SqldServer
 
 REQUEST_LINE = re.compile(rb"(?:^|\r\n)(?:GET|POST|PUT|DELETE) \S+ HTTP/1\.[01]\r\n")
@@ -146,6 +151,62 @@ def median_ms(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(samples) * 1000
 
 
+# --- event-loop lag of the async twin ---
+
+TICK = 0.001
+
+
+async def ticked(work: Callable[[], Awaitable[Any]]) -> tuple[list[float], float]:
+    """Await work() while a task sleeps TICK in a loop: how late each wake-up was, and the
+    seconds work() took."""
+    delays: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            await asyncio.sleep(TICK)
+            delays.append(time.perf_counter() - start - TICK)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    start = time.perf_counter()
+    await work()
+    took = time.perf_counter() - start
+    done.set()
+    await task
+    return delays, took
+
+
+def spread(delays: list[float]) -> tuple[float, float, float]:
+    """p50, p99 and max, in ms."""
+    cuts = statistics.quantiles(delays, n=100, method="inclusive")
+    return cuts[49] * 1e3, cuts[98] * 1e3, max(delays) * 1e3
+
+
+async def async_commits(
+    store: AsyncLibsqlStore, eid: str, calls: int
+) -> tuple[tuple[float, float, float], float]:
+    """The ticker's delays (p50, p99, max ms) while `calls` commits are awaited through the
+    twin, one after another, and the mean ms of one awaited commit."""
+    exe = await store.load(eid) or Execution(id=eid, definition_id="bench")
+
+    async def commits() -> None:
+        for n in range(1, calls + 1):
+            await store.commit(
+                exe,
+                [(None, Event(name="tick", id=f"{eid}-out-{n}"))],
+                processed_event_id=f"{eid}-in-{n}",
+                timers=[TimerOp.schedule("t", float(n))],
+                trace={"n": n},
+            )
+
+    await store.commit(exe, [], processed_event_id=f"{eid}-warm")
+    delays, took = await ticked(commits)
+    await store.close()
+    return spread(delays), took / calls * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -204,6 +265,65 @@ def main() -> None:
             )
             for closable in (bare, remote, rep):
                 closable.close()
+
+            # Event-loop lag while commits are awaited through the async twin (more commits
+            # on a local file, where one takes ~1 ms, so that each run gets enough ticks).
+            async def lag_runs() -> tuple[
+                list[float], dict[str, tuple[tuple[float, float, float], float]]
+            ]:
+                idle, _ = await ticked(lambda: asyncio.sleep(0.5))
+                runs = {
+                    "remote": await async_commits(
+                        await AsyncLibsqlStore.create(srv.url, auth_token=token), "lag-r", calls
+                    ),
+                    "replica": await async_commits(
+                        await AsyncLibsqlStore.create(
+                            Path(tmp) / "lag.db", sync_url=srv.url, auth_token=token
+                        ),
+                        "lag-p",
+                        calls,
+                    ),
+                    "file, libsql": await async_commits(
+                        await AsyncLibsqlStore.create(Path(tmp) / "lag-libsql.db"),
+                        "lag-f",
+                        calls * 5,
+                    ),
+                    # The twin's own wrapper (a lock and asyncio.to_thread) around sqlite3.
+                    "file, sqlite3": await async_commits(
+                        AsyncLibsqlStore(SqliteStore(Path(tmp) / "lag-sqlite.db")),  # type: ignore[arg-type]
+                        "lag-s",
+                        calls * 5,
+                    ),
+                }
+                more, _ = await ticked(lambda: asyncio.sleep(0.5))
+                return idle + more, runs
+
+            idle_delays, runs = asyncio.run(lag_runs())
+            idle = spread(idle_delays)
+            rows.append(
+                (
+                    "loop lag idle: 1 ms ticker delay p50 / p99 / max (ms)",
+                    " / ".join(f"{ms:.3f}" for ms in idle),
+                )
+            )
+            for label, (lag, commit_ms) in runs.items():
+                rows.append(
+                    (
+                        f"loop lag, {label}: p50 / p99 / max (ms), x idle",
+                        " / ".join(f"{ms:.3f}" for ms in lag)
+                        + ", "
+                        + " / ".join(
+                            f"{ms / base:.1f}x" for ms, base in zip(lag, idle, strict=True)
+                        ),
+                    )
+                )
+                rows.append(
+                    (
+                        f"loop lag, {label}: max / mean awaited commit (ms)",
+                        f"{lag[2]:.3f} / {commit_ms:.3f} = {lag[2] / commit_ms:.2f}",
+                    )
+                )
+            rows.append(("GIL switch interval (ms)", f"{sys.getswitchinterval() * 1e3:.1f}"))
         finally:
             proxy.close()
     width = max(len(label) for label, _ in rows)
