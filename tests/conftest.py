@@ -56,7 +56,8 @@ def reset_remote(server: Any) -> None:
     conn = libsql.connect(server.url, auth_token=server.token)
     try:
         names = conn.execute(
-            "SELECT type, name FROM sqlite_master WHERE (type = 'trigger' AND name NOT LIKE 'harel_%') "
+            "SELECT type, name FROM sqlite_master WHERE "
+            "(type = 'trigger' AND name NOT LIKE 'harel_%') "
             "OR (type = 'table' AND name LIKE 'harel_%')"
         ).fetchall()
         for type_, name in names:
