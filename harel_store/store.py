@@ -287,34 +287,25 @@ class Store:
 
     @contextmanager
     def _txn(self) -> Iterator[None]:
-        """One write transaction: lands whole on success, rolled back on any failure.
-
-        ``_op`` spelled out rather than nested: one context manager less on every commit.
-        """
-        with self._lock:
+        """One write transaction: lands whole on success, rolled back on any failure."""
+        with self._op():
+            self._q("begin")
+            self._writing = True
             try:
-                self._ready()
-                self._q("begin")
-                self._writing = True
+                yield
+                self._conn.commit()
+            except BaseException as exc:
+                # The connection may be gone; the server then drops the transaction.
                 try:
-                    yield
-                    self._conn.commit()
-                except BaseException as exc:
-                    # The connection may be gone; the server then drops the transaction.
-                    try:
-                        self._conn.rollback()
-                    except Exception as lost:
-                        if connection_lost(lost):
-                            self._discard()
-                    if connection_lost(exc):
+                    self._conn.rollback()
+                except Exception as lost:
+                    if connection_lost(lost):
                         self._discard()
-                    raise
-                finally:
-                    self._writing = False
-            except StoreError:
+                if connection_lost(exc):
+                    self._discard()
                 raise
-            except Exception as exc:
-                raise translate(exc, self._secrets) from exc
+            finally:
+                self._writing = False
 
     def _after_conflict(self) -> None:
         """A replica that lost a CAS catches up, so the caller's reload sees the winner."""
@@ -522,9 +513,13 @@ class Store:
             deleted = self._q("purge_execution", execution_id, expected_version)
             if not deleted and self._q("execution_version", execution_id) is not None:
                 return False
-            for name in ("processed", "trace", "timers", "outbox", "spawns"):
-                self._q(f"purge_{name}", execution_id)
+            self._purge_companions(execution_id)
         return bool(deleted)
+
+    def _purge_companions(self, execution_id: str) -> None:
+        """Delete what an execution owns besides its row, inside the caller's transaction."""
+        for name in ("processed", "trace", "timers", "outbox", "spawns"):
+            self._q(f"purge_{name}", execution_id)
 
     def publish_definition(self, record: DefinitionRecord) -> DefinitionRecord:
         """Store a definition version unless one is stored already; return what is stored."""
@@ -766,8 +761,7 @@ class Store:
                 )
             for s in tree:
                 self._q("purge_execution", s.id, s.version)
-                for name in ("processed", "trace", "timers", "outbox", "spawns"):
-                    self._q(f"purge_{name}", s.id)
+                self._purge_companions(s.id)
         return [s.id for s in tree]
 
 
