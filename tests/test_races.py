@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.workers.common import EXECUTIONS, open_store, spawn
+from tests.workers.common import EXECUTIONS, open_store, race
 
 PROCESSES = 4
 COMMITS = 300
@@ -26,33 +25,16 @@ def test_racing_processes_lose_no_commit_and_raise_only_conflicts(
 ) -> None:
     db, go = tmp_path / "race.db", tmp_path / "go"
     open_store(drivers[0], db).close()  # schema first: concurrent opens are tested elsewhere
-    procs = [
-        spawn(
-            "racer",
-            drivers[i % len(drivers)],
-            str(db),
-            f"p{i}",
-            str(COMMITS),
-            str(go),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(PROCESSES)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            assert p.stdout.readline() == "ready\n"
-        go.touch()
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, f"a racer failed with something other than a conflict:\n{err}"
-    reports = [json.loads(out) for out, _ in outs]
+    results = race(
+        go,
+        [
+            ("racer", drivers[i % len(drivers)], str(db), f"p{i}", str(COMMITS))
+            for i in range(PROCESSES)
+        ],
+    )
+    for returncode, _, err in results:
+        assert returncode == 0, f"a racer failed with something other than a conflict:\n{err}"
+    reports = [json.loads(out) for _, out, _ in results]
 
     expected = {eid: sum(r["commits"][eid] for r in reports) for eid in EXECUTIONS}
     assert sum(expected.values()) == PROCESSES * COMMITS

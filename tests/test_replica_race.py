@@ -8,7 +8,6 @@ loser's next load (no explicit sync) already sees the version that won.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from harel_store import LibsqlStore
 from tests.conftest import reset_remote
 from tests.sqld import SqldServer
-from tests.workers.common import spawn
+from tests.workers.common import race
 from tests.workers.replica_racer import EXECUTIONS
 
 PROCESSES = 2
@@ -32,34 +31,17 @@ def test_racing_replicas_lose_nothing_and_the_loser_writes_nothing(
     reset_remote(sqld)
     monkeypatch.setenv("HAREL_AUTH_TOKEN", sqld.token)
     go = tmp_path / "go"
-    procs = [
-        spawn(
-            "replica_racer",
-            sqld.url,
-            str(tmp_path / f"replica-{i}.db"),
-            f"p{i}",
-            str(COMMITS),
-            str(go),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(PROCESSES)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            assert p.stdout.readline() == "ready\n"
-        go.touch()
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, f"a racer failed with something other than a conflict:\n{err}"
+    results = race(
+        go,
+        [
+            ("replica_racer", sqld.url, str(tmp_path / f"replica-{i}.db"), f"p{i}", str(COMMITS))
+            for i in range(PROCESSES)
+        ],
+    )
+    for returncode, _, err in results:
+        assert returncode == 0, f"a racer failed with something other than a conflict:\n{err}"
         assert sqld.token not in err
-    reports = [json.loads(out) for out, _ in outs]
+    reports = [json.loads(out) for _, out, _ in results]
     landed = {eid: [t for r in reports for t in r["landed"][eid]] for eid in EXECUTIONS}
     won = sorted(t for tags in landed.values() for t in tags)
     lost = sorted(t for r in reports for t in r["lost"])

@@ -30,6 +30,28 @@ def spawn(module: str, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
     )
 
 
+def race(go: Path, workers: list[tuple[str, ...]]) -> list[tuple[int, str, str]]:
+    """Start ``python -m tests.workers.<module> args... <go>`` for each (module, *args), wait
+    until each says "ready", create ``go`` so they start together, and return each one's
+    (returncode, stdout, stderr)."""
+    procs = [
+        spawn(module, *args, str(go), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for module, *args in workers
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline() == "ready\n"
+        go.touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
 def run(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run a worker to the end, capturing its output."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
