@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any
 
 from harel_store import AsyncLibsqlStore
 from harel_store.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+# The command line an operator runs, on the repository's alembic.ini.
+ALEMBIC = [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini")]
 
 
 class SyncFacade:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from harel_store.sql import HEAD, MIGRATIONS
-from tests.workers.common import REPO, open_store, spawn
+from tests.helpers import ALEMBIC
+from tests.workers.common import open_store, spawn
 
 PROCESSES = 4
 PATHS = [("store", "libsql"), ("store", "sqlite"), ("alembic", "libsql")]
@@ -57,11 +57,7 @@ def alembic_cli(db: Path, target: str = "head") -> None:
     """The real command line an operator runs."""
     subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "alembic",
-            "-c",
-            str(REPO / "alembic.ini"),
+            *ALEMBIC,
             "-x",
             f"url={db}",
             "upgrade",
@@ -154,11 +150,7 @@ def test_concurrent_alembic_command_lines(tmp_path: Path, reference: dict) -> No
     procs = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "alembic",
-                "-c",
-                str(REPO / "alembic.ini"),
+                *ALEMBIC,
                 "-x",
                 f"url={db}",
                 "upgrade",

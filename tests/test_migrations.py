@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from alembic.script import ScriptDirectory
 from harel_store import LibsqlStore, SchemaError, SqliteStore
 from harel_store.schema import describe
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
+from tests.helpers import ALEMBIC
 
 ROOT = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -22,7 +22,7 @@ ALEMBIC_INI = ROOT / "alembic.ini"
 
 def alembic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), *args],
+        [*ALEMBIC, *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -108,7 +108,7 @@ def test_upgrade_sql_prints_a_reviewable_script() -> None:
 
 def test_plain_alembic_upgrade_migrates_the_default_file(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), "upgrade", "head"],
+        [*ALEMBIC, "upgrade", "head"],
         cwd=tmp_path,
         check=True,
         capture_output=True,

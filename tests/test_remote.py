@@ -24,6 +24,7 @@ import pytest
 from harel_store import Event, Execution, LibsqlStore, SchemaError, StoreError, TimerOp
 from harel_store.sql import HEAD, MIGRATIONS
 from tests.conftest import reset_remote
+from tests.helpers import ALEMBIC
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
@@ -100,11 +101,7 @@ def alembic(srv: SqldServer, *args: str) -> str:
     url = f"sqlite+libsql://127.0.0.1:{srv.port}?secure=false"
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "alembic",
-            "-c",
-            str(REPO / "alembic.ini"),
+            *ALEMBIC,
             "-x",
             f"url={url}",
             *args,
