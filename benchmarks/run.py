@@ -116,14 +116,18 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
 
 def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
     """The statements one commit issues (queries.sql), parameters prepared in advance."""
-    q = {name: QUERIES[name].sql for name in QUERIES}
+    sql = {name: query.sql for name, query in QUERIES.items()}
+    bind = {name: query.bind for name, query in QUERIES.items()}
     exes = executions()
     versions = [0] * POOL
     payloads = [exe.model_dump_json() for exe in exes]
     summary = ("running", None, "main.wait", None, None)
-    conn.execute(q["begin"], ())
+    conn.execute(sql["begin"], bind["begin"](()))
     for i, exe in enumerate(exes):
-        conn.execute(q["insert_execution"], (exe.id, "order", payloads[i], 1, *summary))
+        conn.execute(
+            sql["insert_execution"],
+            bind["insert_execution"]((exe.id, "order", payloads[i], 1, *summary)),
+        )
         versions[i] = 1
     conn.commit()
     events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
@@ -135,18 +139,25 @@ def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
         for i in range(n):
             k = i % POOL
             eid = exes[k].id
-            conn.execute(q["begin"], ())
+            conn.execute(sql["begin"], bind["begin"](()))
             v = versions[k]
-            cur = conn.execute(q["update_execution"], (eid, payloads[k], v + 1, v, *summary))
+            cur = conn.execute(
+                sql["update_execution"],
+                bind["update_execution"]((eid, payloads[k], v + 1, v, *summary)),
+            )
             assert cur.rowcount == 1
             versions[k] = v + 1
-            conn.execute(q["insert_outbox"], (eid, events[i])).fetchone()
-            conn.execute(q["mark_processed"], (eid, ids[i]))
-            conn.execute(q["schedule_timer"], (eid, "main.wait", 1e9 + i))
+            conn.execute(sql["insert_outbox"], bind["insert_outbox"]((eid, events[i]))).fetchone()
+            conn.execute(sql["mark_processed"], bind["mark_processed"]((eid, ids[i])))
+            conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", 1e9 + i)))
             if trace:
-                (idx,) = conn.execute(q["append_trace"], (eid, step)).fetchone()
+                (idx,) = conn.execute(
+                    sql["append_trace"], bind["append_trace"]((eid, step))
+                ).fetchone()
                 if idx >= DEFAULT_TRACE_MAX:
-                    conn.execute(q["trim_trace"], (eid, idx, DEFAULT_TRACE_MAX))
+                    conn.execute(
+                        sql["trim_trace"], bind["trim_trace"]((eid, idx, DEFAULT_TRACE_MAX))
+                    )
             conn.commit()
         return (time.perf_counter() - t0) / n
 
@@ -205,7 +216,7 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
 # --- datasets for the read benchmarks, built with bulk SQL ---
 
 BUILD_EXECUTIONS = """
-WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1),
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :n),
 rows AS (
   SELECT n, printf('exe-%08d', n) AS id, 'def-' || (n % 4) AS def,
          CASE (n / 4) % 10 WHEN 8 THEN 'failed' WHEN 9 THEN 'cancelled'
@@ -225,14 +236,14 @@ FROM rows
 """
 # 100 timers due at or before NOW, spread over the ids; the rest far in the future.
 BUILD_TIMERS = """
-WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1)
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :n)
 INSERT INTO harel_timers (execution_id, path, fire_at)
 SELECT printf('exe-%08d', n), 'main.wait',
-       CASE WHEN n % (?1 / 100) = 0 THEN 1000.0 + n / (?1 / 100) ELSE 1e9 + n END
+       CASE WHEN n % (:n / 100) = 0 THEN 1000.0 + n / (:n / 100) ELSE 1e9 + n END
 FROM seq
 """
 BUILD_PROCESSED = """
-WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1)
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :n)
 INSERT INTO harel_processed_events (execution_id, event_id)
 SELECT printf('exe-%08d', n), 'ev-' || n FROM seq
 """
@@ -245,7 +256,7 @@ def build_dataset(path: Path, n: int) -> float:
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("BEGIN")
     for sql in (BUILD_EXECUTIONS, BUILD_TIMERS, BUILD_PROCESSED):
-        conn.execute(sql, (n,))
+        conn.execute(sql, {"n": n})
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()

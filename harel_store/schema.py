@@ -53,7 +53,7 @@ def describe(db: _Executes | Run) -> Schema:
     run = _runner(db)
 
     def q(name: str, *params: Any) -> list[Sequence[Any]]:
-        return list(run(QUERIES[name].sql, params))
+        return list(run(QUERIES[name].sql, QUERIES[name].bind(params)))
 
     schema: Schema = {}
     for (table,) in q("schema_tables"):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 
@@ -27,11 +28,19 @@ SQL_DIR = resource("sql")
 _NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^!]?)\s*$", re.MULTILINE)
 
 
+_NUMBERED = re.compile(r"\?(\d+)")
+
+
 @dataclass(frozen=True)
 class Query:
     name: str
     kind: str  # "" rows, "^" one row, "$" one value, "!" rowcount
-    sql: str
+    sql: str  # with plain `?` placeholders only
+    order: tuple[int, ...] = ()  # for a block written with `?N`: the argument each `?` takes
+
+    def bind(self, params: Sequence[Any]) -> Sequence[Any]:
+        """The parameters for ``sql``, given those of the block as written in queries.sql."""
+        return tuple(params[i] for i in self.order) if self.order else params
 
 
 def parse_queries(text: str) -> dict[str, Query]:
@@ -45,7 +54,13 @@ def parse_queries(text: str) -> dict[str, Query]:
         name = head["name"]
         if not sql or name in queries:
             raise ValueError(f"queries.sql: block {name!r} is empty or defined twice")
-        queries[name] = Query(name, head["kind"], sql)
+        # `?N` reads well and names a reused argument once, but Python's sqlite3 takes it for
+        # a named parameter (deprecated with a sequence since 3.12, an error from 3.14), so
+        # each block runs with plain `?` and its arguments laid out in order.
+        order = tuple(int(n) - 1 for n in _NUMBERED.findall(sql))
+        if order and "?" in _NUMBERED.sub("", sql):
+            raise ValueError(f"queries.sql: block {name!r} mixes `?` and `?N`")
+        queries[name] = Query(name, head["kind"], _NUMBERED.sub("?", sql), order)
     return queries
 
 

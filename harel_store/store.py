@@ -232,8 +232,9 @@ class Store:
     def _q(self, name: str, *params: Any) -> Any:
         """Run one named query; what comes back depends on its suffix in queries.sql."""
         query = QUERIES[name]
+        args = query.bind(params)
         try:
-            cur = self._conn.execute(query.sql, params)
+            cur = self._conn.execute(query.sql, args)
         except Exception as exc:
             # A dead connection: a read, or a BEGIN, has had no effect yet, so it runs again
             # on a new one; a write transaction past its BEGIN fails (see _txn).
@@ -242,7 +243,7 @@ class Store:
             self._discard()
             self._conn = self._open()
             self._dead = False
-            cur = self._conn.execute(query.sql, params)
+            cur = self._conn.execute(query.sql, args)
         if query.kind == "!":
             return cur.rowcount
         if query.kind == "^":
