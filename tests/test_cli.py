@@ -11,6 +11,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import libsql
@@ -121,7 +122,7 @@ def test_migrate_outside_the_repository_then_status(tmp_path: Path) -> None:
     result = cli("migrate", cwd=tmp_path, env={"HAREL_DATABASE_URL": "fresh.db"})
     assert ok(result) == f"fresh.db: schema at revision {HEAD} (head {HEAD})\n"
     assert f"Running upgrade  -> {MIGRATIONS[0].revision}" in result.stderr
-    with sqlite3.connect(tmp_path / "fresh.db") as conn:
+    with closing(sqlite3.connect(tmp_path / "fresh.db")) as conn, conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
     status = json.loads(ok(cli("status", "--json", "--url", str(tmp_path / "fresh.db"))))
     assert status["schema_revision"] == status["head"] == HEAD
@@ -168,7 +169,7 @@ def test_status_counts(db: str) -> None:
 
 
 def test_status_says_unknown_for_an_outbox_entry_without_a_time(db: str) -> None:
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("UPDATE harel_outbox SET created_at = NULL")
     assert "1 pending, oldest unknown" in ok(cli("status", "--url", db))
 
@@ -269,7 +270,7 @@ def test_schema_prints_head_and_check_catches_drift(db: str) -> None:
         ok(cli("schema", "--check", "--url", db))
         == f"{db}: schema matches head (revision {HEAD})\n"
     )
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("ALTER TABLE harel_timers ADD COLUMN note TEXT NOT NULL DEFAULT ''")
         conn.execute("DROP INDEX harel_timers_fire_at")
         conn.execute(
@@ -332,7 +333,7 @@ def test_the_wheel_carries_sql_and_migrations_and_migrates_outside_the_repo(
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0].startswith(str(tmp_path / "site"))
-    with sqlite3.connect(work / "w.db") as conn:
+    with closing(sqlite3.connect(work / "w.db")) as conn, conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
 
 
@@ -410,9 +411,9 @@ def test_describe_and_diff_see_through_layout_but_not_meaning() -> None:
     from harel_store.schema import describe, diff
 
     def schema(sql: str) -> dict[str, dict[str, object]]:
-        conn = sqlite3.connect(":memory:")
-        conn.executescript(sql)
-        return describe(conn)
+        with closing(sqlite3.connect(":memory:")) as conn:
+            conn.executescript(sql)
+            return describe(conn)
 
     base = schema(
         "CREATE TABLE t (a TEXT NOT NULL, b int);\nCREATE INDEX t_b ON t (b) WHERE b > 0;"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from harel_store import LibsqlStore, SchemaError, SqliteStore
-from harel_store.schema import describe
+from harel_store.schema import describe, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
 from tests.helpers import ALEMBIC
 
@@ -32,14 +33,8 @@ def alembic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 
 def schema_of(path: Path) -> object:
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn, conn:
         return describe(conn)
-
-
-def head_schema() -> object:
-    conn = sqlite3.connect(":memory:")
-    conn.executescript((SQL_DIR / "schema.sql").read_text())
-    return describe(conn)
 
 
 def test_every_sql_migration_is_named_by_exactly_one_revision() -> None:
@@ -73,7 +68,7 @@ def test_the_store_builds_the_same_database_as_alembic(tmp_path: Path) -> None:
     expected = schema_of(by_alembic)
     assert schema_of(by_libsql) == expected == schema_of(by_sqlite)
     for db in (by_alembic, by_libsql, by_sqlite):
-        with sqlite3.connect(db) as conn:
+        with closing(sqlite3.connect(db)) as conn, conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
             version_table = conn.execute(
                 "SELECT sql FROM sqlite_master WHERE name = 'alembic_version'"
@@ -88,7 +83,7 @@ def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
     db = tmp_path / "d.db"
     alembic("-x", f"url={db}", "upgrade", "head")
     alembic("-x", f"url={db}", "downgrade", "base")
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'harel%'").fetchall()
     assert left == []
     for m in MIGRATIONS:  # one step at a time, each reversible
@@ -120,16 +115,19 @@ def test_plain_alembic_upgrade_migrates_the_default_file(tmp_path: Path) -> None
 
 def test_a_failed_migration_leaves_nothing_behind(tmp_path: Path) -> None:
     db = tmp_path / "f.db"
-    with sqlite3.connect(db) as conn:  # a table in the way of the last statement of 0001
+    with (
+        closing(sqlite3.connect(db)) as conn,
+        conn,
+    ):  # a table in the way of the last statement of 0001
         conn.execute("CREATE TABLE harel_definitions (x)")
     with pytest.raises(subprocess.CalledProcessError):
         alembic("-x", f"url={db}", "upgrade", "0001")
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert names == {"harel_definitions"}  # no harel_executions left half-made, no version row
     with pytest.raises(SchemaError):  # the store's own path is just as atomic
         LibsqlStore(db)
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert names == {"harel_definitions"}
 
@@ -137,7 +135,7 @@ def test_a_failed_migration_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_a_schema_the_code_does_not_know_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "ahead.db"
     SqliteStore(db).close()
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("UPDATE alembic_version SET version_num = '9999'")
     for opener in (LibsqlStore, SqliteStore):
         with pytest.raises(SchemaError, match="9999"):
@@ -148,7 +146,7 @@ def test_a_schema_behind_is_refused_when_migrating_is_not_allowed(tmp_path: Path
     db = tmp_path / "behind.db"
     with pytest.raises(SchemaError, match="harel-store migrate"):
         LibsqlStore(db, migrate=False)
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
     LibsqlStore(db).close()  # local default: migrate
     assert schema_of(db) == head_schema()
