@@ -124,7 +124,7 @@ class DefinitionRecord(BaseModel):
     published_at: float | None = Field(default=None, allow_inf_nan=False)
 
 
-def check_finite(value: float, name: str) -> float:
+def check_finite(value: object, name: str) -> float:
     """A time the store compares against: a real, finite number of epoch seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of epoch seconds, not {type(value).__name__}")

@@ -432,10 +432,14 @@ class Store:
             )
         _check_id(processed_event_id, "processed_event_id", optional=True)
         timer_ops = list(timers)
-        for i, op in enumerate(timer_ops):
+        for op in timer_ops:  # checked again: TimerOp.model_construct skips its validation
             if not isinstance(op, TimerOp):
                 raise TypeError(f"each timer must be a TimerOp, not {type(op).__name__}")
-            timer_ops[i] = TimerOp(**dict(op))  # re-validated: model_construct skips the checks
+            _check_id(op.path, "timer path")
+            if op.action == "schedule":
+                check_finite(op.fire_at, "timer fire_at")
+            elif op.action != "cancel":
+                raise ValueError(f"unknown timer action {op.action!r}: schedule or cancel")
         spawn_rows: list[tuple[str, str, str, str]] = []
         for spawn in spawns:
             if not (isinstance(spawn, tuple) and len(spawn) == 3):
