@@ -36,8 +36,12 @@ _AUTH = re.compile(r"\b401\b|unauthori[sz]ed|authenticat", re.IGNORECASE)
 
 
 # The server has given up on the connection's stream: every later call on it fails the same
-# way, rollback included (sqld: a stream idle ~10 s, a server restarted mid-transaction).
-_LOST = re.compile(r"STREAM_EXPIRED|stream has expired|invalid baton", re.IGNORECASE)
+# way, rollback included (sqld: a stream idle ~10 s, a server restarted mid-transaction). sqld
+# also interrupts a stream's statement now and then under load (SQLITE_INTERRUPT, seen once
+# in ~10 CI runs on a read): the same cure, a fresh connection, and a read runs again.
+_LOST = re.compile(
+    r"STREAM_EXPIRED|stream has expired|invalid baton|SQLITE_INTERRUPT", re.IGNORECASE
+)
 
 
 def connection_lost(exc: BaseException) -> bool:
