@@ -463,6 +463,16 @@ class SqldServer:
             f"(last error: {last_error}); log {self.log_path}:\n{self.log_tail()}"
         )
 
+    def rows(self, sql: str) -> list[Any]:
+        """The rows of one query on the primary, over a connection of its own."""
+        import libsql
+
+        conn = libsql.connect(self.url, auth_token=self.token)
+        try:
+            return list(conn.execute(sql).fetchall())
+        finally:
+            conn.close()
+
     def ping(self, timeout: float = 2.0) -> None:
         """Run ``SELECT 1`` over Hrana-over-HTTP (v2 pipeline); raise if it fails."""
         body = json.dumps(

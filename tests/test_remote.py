@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import libsql
 import pytest
 
 from harel_store import Event, Execution, LibsqlStore, SchemaError, StoreError, TimerOp
@@ -69,14 +68,6 @@ def step(store: LibsqlStore, exe: Execution, n: int) -> None:
     )
 
 
-def rows(srv: SqldServer, sql: str) -> list[Any]:
-    conn = libsql.connect(srv.url, auth_token=srv.token)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
 # --- 1. URLs ---
 
 
@@ -119,7 +110,7 @@ def alembic(srv: SqldServer, *args: str) -> str:
 
 
 def harel_tables(srv: SqldServer) -> set[str]:
-    names = rows(srv, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    names = srv.rows("SELECT name FROM sqlite_master WHERE type = 'table'")
     return {n for (n,) in names if n.startswith("harel_")}
 
 
@@ -127,7 +118,7 @@ def test_alembic_upgrades_downgrades_and_reupgrades_the_server(own_server: SqldS
     with pytest.raises(SchemaError, match=r"has no harel-store schema.*harel-store migrate"):
         primary(own_server)
     alembic(own_server, "upgrade", "head")
-    assert rows(own_server, "SELECT version_num FROM alembic_version") == [(HEAD,)]
+    assert own_server.rows("SELECT version_num FROM alembic_version") == [(HEAD,)]
     with primary(own_server) as store:
         step(store, Execution(id="a", definition_id="d"), 1)
 
@@ -295,12 +286,12 @@ def test_an_outage_fails_commits_cleanly_and_the_same_store_recovers(
         stored = load_primary(own_server, "e")
         assert stored is not None and stored.version in (landed, landed + 1)
         versions = stored.version
-        dedupe = rows(own_server, "SELECT event_id FROM harel_processed_events")
+        dedupe = own_server.rows("SELECT event_id FROM harel_processed_events")
         assert sorted(dedupe) == sorted((f"in-e-{n}",) for n in range(1, versions + 1))
-        outbox = rows(own_server, "SELECT json_extract(event, '$.id') FROM harel_outbox")
+        outbox = own_server.rows("SELECT json_extract(event, '$.id') FROM harel_outbox")
         assert sorted(outbox) == sorted((f"emit-e-{n}",) for n in range(1, versions + 1))
-        assert rows(own_server, "SELECT fire_at FROM harel_timers") == [(float(versions),)]
-        assert rows(own_server, "SELECT count(*) FROM harel_trace") == [(versions,)]
+        assert own_server.rows("SELECT fire_at FROM harel_timers") == [(float(versions),)]
+        assert own_server.rows("SELECT count(*) FROM harel_trace") == [(versions,)]
 
         store.sync()  # a no-op on a remote store
         exe = store.load("e")  # the same store object, never reopened by the caller

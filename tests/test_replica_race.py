@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import libsql
 import pytest
 
 from harel_store import LibsqlStore
@@ -60,13 +58,5 @@ def test_racing_replicas_lose_nothing_and_the_loser_writes_nothing(
         assert sorted(traced) == won
         for eid, tags in landed.items():
             assert all(store.is_processed(eid, f"in-{t}") for t in tags)
-    marks = primary_rows(sqld, "SELECT event_id FROM harel_processed_events")
+    marks = sqld.rows("SELECT event_id FROM harel_processed_events")
     assert sorted(m.removeprefix("in-") for (m,) in marks) == won
-
-
-def primary_rows(server: SqldServer, sql: str) -> list[Any]:
-    conn = libsql.connect(server.url, auth_token=server.token)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
