@@ -22,10 +22,10 @@ from typing import Any, NoReturn, TextIO
 from harel_store import demo
 from harel_store.errors import StoreError, translate
 from harel_store.migrate import alembic_config, database_from_env
-from harel_store.models import STATUSES, ExecutionSummary
+from harel_store.models import STATUSES, Execution, ExecutionSummary
 from harel_store.schema import describe, diff, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, QUERIES, SQL_DIR
-from harel_store.store import MAX_PAGE, LibsqlStore, is_remote
+from harel_store.store import MAX_PAGE, LibsqlStore, Store, is_remote
 
 PROG = "harel-store"
 DEMO_DATABASE = "harel-demo.db"
@@ -292,11 +292,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(store: Store, args: argparse.Namespace) -> Execution:
+    """The execution ``args.id``, or a one-line failure naming the database."""
+    exe = store.load(args.id)
+    if exe is None:
+        raise Failure(f"no execution {args.id!r} in {_shown(_database(args))}")
+    return exe
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     with _open(args) as store:
-        exe = store.load(args.id)
-        if exe is None:
-            raise Failure(f"no execution {args.id!r} in {_shown(_database(args))}")
+        exe = _load(store, args)
         doc = {
             "execution": exe.model_dump(mode="json"),
             "timers": [
@@ -316,8 +322,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     with _open(args) as store:
         steps = store.read_trace(args.id)
-        if not steps and store.load(args.id) is None:
-            raise Failure(f"no execution {args.id!r} in {_shown(_database(args))}")
+        if not steps:
+            _load(store, args)
     if args.json:
         for step in steps:
             print(json.dumps(step, ensure_ascii=False))
@@ -360,9 +366,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def cmd_purge(args: argparse.Namespace) -> int:
     with _open(args) as store:
-        exe = store.load(args.id)
-        if exe is None:
-            raise Failure(f"no execution {args.id!r} in {_shown(_database(args))}")
+        exe = _load(store, args)
         version = exe.version if args.version is None else args.version
         moved = f"{args.id} is at version {exe.version}, not {version}: nothing purged"
         if args.tree:
