@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from harel_store.aio import AsyncLibsqlStore
-from harel_store.errors import SchemaError, StoreBusy, StoreConflict, StoreError
+from harel_store.errors import (
+    OutcomeUnknown,
+    SchemaError,
+    StoreBusy,
+    StoreConflict,
+    StoreError,
+)
 from harel_store.models import (
     DefinitionRecord,
     Event,
@@ -28,6 +34,7 @@ __all__ = [
     "ExecutionSummary",
     "LibsqlStore",
     "OutboxEntry",
+    "OutcomeUnknown",
     "SchemaError",
     "SpawnEntry",
     "SqliteStore",

@@ -1,17 +1,26 @@
-"""``AsyncLibsqlStore``: the sync store off-loaded to a thread, one call at a time.
+"""``AsyncLibsqlStore``: the store's methods as coroutines, running the sync store's plans.
 
-The libsql driver has no awaitable API and holds the GIL for the whole of every call, so
-this twin frees the event loop only as much as the driver lets it: see the README's
-"Async" section for the loop lag it causes, measured.
+On a remote primary each call is natively async: its one HTTP request goes through an
+``httpx.AsyncClient``, with no thread and no store-wide lock, so calls from many tasks are
+in flight at once (the version CAS keeps commits to one execution correct). On a local file
+or an embedded replica the libsql driver has no awaitable API (and holds the GIL through
+every call), so each call runs the sync store on a worker thread, one at a time.
+
+Either way a cancelled call settles first: a request once sent is waited for (bounded by
+``timeout``) and its outcome applied to ``exe`` before the cancellation propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harel_store.batch import Plan, adrive, settle
+from harel_store.connection import HranaConnection, is_remote, open_libsql
+from harel_store.connection.local import Synchronous
+from harel_store.connection.revision import ensure_schema
 from harel_store.models import (
     DefinitionRecord,
     Event,
@@ -22,17 +31,19 @@ from harel_store.models import (
     SpawnEntry,
     TimerOp,
 )
-from harel_store.store import LibsqlStore, StoreStats
+from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store, StoreStats
 
 T = TypeVar("T")
 
 
 class AsyncLibsqlStore:
-    """Async version of `LibsqlStore`: every method is the sync one on a worker thread."""
+    """Async version of `LibsqlStore` (see the module docstring for how each call runs)."""
 
-    def __init__(self, sync_store: LibsqlStore) -> None:
-        self._s = sync_store
-        self._lock = asyncio.Lock()
+    def __init__(self, store: Store) -> None:
+        self._s = store
+        conn = store._conn
+        self._remote = conn if isinstance(conn, HranaConnection) else None
+        self._lock = asyncio.Lock()  # the worker-thread path: one call at a time
 
     @classmethod
     async def create(
@@ -42,21 +53,44 @@ class AsyncLibsqlStore:
         auth_token: str = "",
         sync_url: str | None = None,
         sync_interval: float | None = None,
-        **options: Any,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        synchronous: Synchronous = "FULL",
+        busy_timeout: float = 5.0,
+        timeout: float = 30.0,
+        migrate: bool | None = None,
     ) -> AsyncLibsqlStore:
-        """Open the sync store on a thread (connecting and migrating is blocking IO)."""
-        store = await asyncio.to_thread(
-            LibsqlStore,
+        """Open the store as `LibsqlStore` would (a local file or a replica on a thread)."""
+        if sync_url is not None or not is_remote(database):
+            store = await asyncio.to_thread(
+                LibsqlStore,
+                database,
+                auth_token=auth_token,
+                sync_url=sync_url,
+                sync_interval=sync_interval,
+                trace_max=trace_max,
+                synchronous=synchronous,
+                busy_timeout=busy_timeout,
+                timeout=timeout,
+                migrate=migrate,
+            )
+            return cls(store)
+        remote = open_libsql(  # no I/O yet: a remote connection sends on first use
             database,
             auth_token=auth_token,
-            sync_url=sync_url,
-            sync_interval=sync_interval,
-            **options,
+            timeout=timeout,
+            synchronous=synchronous,
+            busy_timeout=busy_timeout,
         )
-        return cls(store)
+        assert isinstance(remote, HranaConnection)
+        try:
+            await adrive(remote.aexecute, ensure_schema(remote.where, bool(migrate)))
+        except BaseException:
+            await remote.aclose()
+            raise
+        return cls(Store(remote, trace_max=trace_max))
 
     def __repr__(self) -> str:
-        return f"AsyncLibsqlStore({self._s!r})"
+        return f"AsyncLibsqlStore({self._s._conn.where!r})"
 
     async def __aenter__(self) -> AsyncLibsqlStore:
         return self
@@ -72,13 +106,20 @@ class AsyncLibsqlStore:
     def trace_max(self, value: int | None) -> None:
         self._s.trace_max = value
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _run(self, plan: Plan[T]) -> T:
+        if self._remote is not None:
+            return await adrive(self._remote.aexecute, plan)
         async with self._lock:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            task, cancelled = await settle(asyncio.to_thread(self._s._run, plan))
+        if cancelled is not None:
+            if not task.cancelled():
+                task.exception()  # retrieved: the cancellation is what the caller gets
+            raise cancelled
+        return task.result()
 
     async def save(self, exe: Execution) -> None:
         """Async version of `LibsqlStore.save`."""
-        return await self._run(self._s.save, exe)
+        return await self._run(self._s._save(exe))
 
     async def commit(
         self,
@@ -91,22 +132,22 @@ class AsyncLibsqlStore:
     ) -> list[int]:
         """Async version of `LibsqlStore.commit`."""
         return await self._run(
-            self._s.commit, exe, emits, processed_event_id, timers, spawns, trace
+            self._s._commit(exe, emits, processed_event_id, timers, spawns, trace)
         )
 
     async def load(self, execution_id: str) -> Execution | None:
         """Async version of `LibsqlStore.load`."""
-        return await self._run(self._s.load, execution_id)
+        return await self._run(self._s._load(execution_id))
 
     async def load_for_event(
         self, execution_id: str, event_id: str
     ) -> tuple[Execution | None, bool]:
         """Async version of `LibsqlStore.load_for_event`."""
-        return await self._run(self._s.load_for_event, execution_id, event_id)
+        return await self._run(self._s._load_for_event(execution_id, event_id))
 
     async def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Async version of `LibsqlStore.is_processed`."""
-        return await self._run(self._s.is_processed, execution_id, event_id)
+        return await self._run(self._s._is_processed(execution_id, event_id))
 
     async def list_executions(
         self,
@@ -119,86 +160,93 @@ class AsyncLibsqlStore:
     ) -> ExecutionPage:
         """Async version of `LibsqlStore.list_executions`."""
         return await self._run(
-            self._s.list_executions,
-            definition_id=definition_id,
-            status=status,
-            roots_only=roots_only,
-            limit=limit,
-            cursor=cursor,
+            self._s._list_executions(
+                definition_id=definition_id,
+                status=status,
+                roots_only=roots_only,
+                limit=limit,
+                cursor=cursor,
+            )
         )
 
     async def pending_outbox(self) -> list[OutboxEntry]:
         """Async version of `LibsqlStore.pending_outbox`."""
-        return await self._run(self._s.pending_outbox)
+        return await self._run(self._s._pending_outbox())
 
     async def ack_outbox(self, seq: int) -> None:
         """Async version of `LibsqlStore.ack_outbox`."""
-        return await self._run(self._s.ack_outbox, seq)
+        return await self._run(self._s._ack_outbox(seq))
 
     async def pending_spawns(self) -> list[SpawnEntry]:
         """Async version of `LibsqlStore.pending_spawns`."""
-        return await self._run(self._s.pending_spawns)
+        return await self._run(self._s._pending_spawns())
 
     async def ack_spawn(self, seq: int) -> None:
         """Async version of `LibsqlStore.ack_spawn`."""
-        return await self._run(self._s.ack_spawn, seq)
+        return await self._run(self._s._ack_spawn(seq))
 
     async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
         """Async version of `LibsqlStore.due_timers`."""
-        return await self._run(self._s.due_timers, now)
+        return await self._run(self._s._due_timers(now))
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         """Async version of `LibsqlStore.delete_timer`."""
-        return await self._run(self._s.delete_timer, execution_id, path, fire_at)
+        return await self._run(self._s._delete_timer(execution_id, path, fire_at))
 
     async def append_trace(self, execution_id: str, entry: dict[str, Any]) -> None:
         """Async version of `LibsqlStore.append_trace`."""
-        return await self._run(self._s.append_trace, execution_id, entry)
+        return await self._run(self._s._append_trace(execution_id, entry))
 
     async def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
         """Async version of `LibsqlStore.read_trace`."""
-        return await self._run(self._s.read_trace, execution_id)
+        return await self._run(self._s._read_trace(execution_id))
 
     async def purge(self, execution_id: str, expected_version: int) -> bool:
         """Async version of `LibsqlStore.purge`."""
-        return await self._run(self._s.purge, execution_id, expected_version)
+        return await self._run(self._s._purge(execution_id, expected_version))
 
     async def ids_with_prefix(self, prefix: str) -> list[str]:
         """Async version of `LibsqlStore.ids_with_prefix`."""
-        return await self._run(self._s.ids_with_prefix, prefix)
+        return await self._run(self._s._ids_with_prefix(prefix))
 
     async def publish_definition(self, record: DefinitionRecord) -> DefinitionRecord:
         """Async version of `LibsqlStore.publish_definition`."""
-        return await self._run(self._s.publish_definition, record)
+        return await self._run(self._s._publish_definition(record))
 
     async def load_definition(self, definition_id: str, version: int) -> DefinitionRecord | None:
         """Async version of `LibsqlStore.load_definition`."""
-        return await self._run(self._s.load_definition, definition_id, version)
-
-    async def sync(self) -> None:
-        """Async version of `LibsqlStore.sync`."""
-        return await self._run(self._s.sync)
-
-    async def close(self) -> None:
-        """Async version of `LibsqlStore.close`."""
-        return await self._run(self._s.close)
+        return await self._run(self._s._load_definition(definition_id, version))
 
     async def stats(self, now: float) -> StoreStats:
         """Async version of `LibsqlStore.stats`."""
-        return await self._run(self._s.stats, now)
+        return await self._run(self._s._stats(now))
 
     async def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
         """Async version of `LibsqlStore.timers_of`."""
-        return await self._run(self._s.timers_of, execution_id)
+        return await self._run(self._s._timers_of(execution_id))
 
     async def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
         """Async version of `LibsqlStore.outbox_for`."""
-        return await self._run(self._s.outbox_for, execution_id)
+        return await self._run(self._s._outbox_for(execution_id))
 
     async def children_of(self, execution_id: str) -> list[ExecutionSummary]:
         """Async version of `LibsqlStore.children_of`."""
-        return await self._run(self._s.children_of, execution_id)
+        return await self._run(self._s._children_of(execution_id))
 
     async def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
         """Async version of `LibsqlStore.purge_tree`."""
-        return await self._run(self._s.purge_tree, execution_id, expected_version)
+        return await self._run(self._s._purge_tree(execution_id, expected_version))
+
+    async def sync(self) -> None:
+        """Async version of `LibsqlStore.sync` (nothing to pull on a remote primary)."""
+        if self._remote is None:
+            async with self._lock:
+                await asyncio.to_thread(self._s.sync)
+
+    async def close(self) -> None:
+        """Async version of `LibsqlStore.close`."""
+        if self._remote is not None:
+            await self._remote.aclose()
+            return
+        async with self._lock:
+            await asyncio.to_thread(self._s.close)

@@ -17,15 +17,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
 from harel_store import demo
-from harel_store.errors import StoreError, translate
+from harel_store.batch import Statement, drive
+from harel_store.connection import Connection, is_remote, open_libsql, show
+from harel_store.connection.revision import revision
+from harel_store.errors import StoreError
 from harel_store.migrate import alembic_config, database_from_env
 from harel_store.models import STATUSES, Execution, ExecutionSummary
 from harel_store.schema import describe, diff, head_schema
-from harel_store.sql import HEAD, MIGRATIONS, QUERIES, SQL_DIR
-from harel_store.store import MAX_PAGE, LibsqlStore, Store, is_remote
+from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR, Query
+from harel_store.store import MAX_PAGE, LibsqlStore, Store
 
 PROG = "harel-store"
 DEMO_DATABASE = "harel-demo.db"
@@ -92,10 +95,6 @@ def _database(args: argparse.Namespace) -> str:
     return database_from_env(args.url)
 
 
-def _shown(database: str) -> str:
-    return database.split("?", 1)[0]
-
-
 def _require_local(database: str, sync_url: str | None) -> None:
     """A missing local file is a mistake, not a database to create by looking at it."""
     local = sync_url is None and not is_remote(database) and database != ":memory:"
@@ -111,34 +110,19 @@ def _open(args: argparse.Namespace) -> LibsqlStore:
 
 
 @contextmanager
-def _raw(database: str) -> Iterator[Callable[[str, Any], list[Any]]]:
-    """A bare libsql connection (whatever its schema) as a ``run(sql, params)`` function."""
-    import libsql
-
-    token = _token()
-    secrets = (token,) if token else ()
+def _connection(database: str) -> Iterator[Connection]:
+    """The database through the store's connection layer, whatever its schema (a replica's
+    primary is reached by its own URL: migrate and schema act there)."""
+    conn = open_libsql(database, auth_token=_token())
     try:
-        conn = libsql.connect(database, **({"auth_token": token} if is_remote(database) else {}))
-    except Exception as exc:
-        raise translate(exc, secrets) from exc
-
-    def run(sql: str, params: Any) -> list[Any]:
-        try:
-            return list(conn.execute(sql, tuple(params)).fetchall())
-        except Exception as exc:
-            raise translate(exc, secrets) from exc
-
-    try:
-        yield run
+        yield conn
     finally:
         conn.close()
 
 
-def _revision(run: Callable[[str, Any], list[Any]]) -> str | None:
-    if not run(QUERIES["version_table_exists"].sql, ()):
-        return None
-    rows = run(QUERIES["schema_revision"].sql, ())
-    return str(rows[0][0]) if rows else None
+def _revision(database: str) -> str | None:
+    with _connection(database) as conn:
+        return drive(conn.execute, revision())
 
 
 # --- commands ---
@@ -171,8 +155,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         known = [m.revision for m in MIGRATIONS]
         current = None
         if is_remote(database) or Path(database).exists():
-            with _raw(database) as run:
-                current = _revision(run)
+            current = _revision(database)
         down = target == "base" or (
             target in known and current in known and known.index(target) < known.index(current)
         )
@@ -180,11 +163,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             command.downgrade(config, target)
         else:
             command.upgrade(config, target)
-        with _raw(database) as run:
-            after = _revision(run)
+        after = _revision(database)
     finally:
         logger.removeHandler(handler)
-    print(f"{_shown(database)}: schema at revision {after or 'none'} (head {HEAD})")
+    print(f"{show(database)}: schema at revision {after or 'none'} (head {HEAD})")
     return 0
 
 
@@ -198,7 +180,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     age = None if stats.oldest_outbox_at is None else now - stats.oldest_outbox_at
     if args.json:
         doc = {
-            "database": _shown(database),
+            "database": show(database),
             "schema_revision": stats.schema_revision,
             "head": HEAD,
             "executions": counts,
@@ -219,7 +201,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{_paint(status, COLOURS.get(status), on)} {n}" for status, n in counts.items()
     )
     rows = [
-        ("database", _shown(database)),
+        ("database", show(database)),
         ("schema", f"{stats.schema_revision} (head {HEAD}, {state})"),
         ("executions", f"{sum(counts.values())} total: {by_status}"),
         ("outbox", f"{stats.pending_outbox} pending{oldest}"),
@@ -296,7 +278,7 @@ def _load(store: Store, args: argparse.Namespace) -> Execution:
     """The execution ``args.id``, or a one-line failure naming the database."""
     exe = store.load(args.id)
     if exe is None:
-        raise Failure(f"no execution {args.id!r} in {_shown(_database(args))}")
+        raise Failure(f"no execution {args.id!r} in {show(_database(args))}")
     return exe
 
 
@@ -391,18 +373,20 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     database = args.sync_url or _database(args)
     _require_local(database, None)
-    with _raw(database) as run:
-        revision = _revision(run)
-        live = describe(run)
+    with _connection(database) as conn:
+        current = drive(conn.execute, revision())
+        live = describe(
+            lambda sql, params: conn.execute(Statement(Query("describe", "", sql), params))
+        )
     lines = diff(head_schema(), live)
     if not lines:
-        print(f"{_shown(database)}: schema matches head (revision {revision})")
+        print(f"{show(database)}: schema matches head (revision {current})")
         return 0
     for line in lines:
         print(line)
-    behind = "" if revision == HEAD else f"; it is at revision {revision}, head is {HEAD}"
+    behind = "" if current == HEAD else f"; it is at revision {current}, head is {HEAD}"
     raise Failure(
-        f"{_shown(database)} has drifted from the head schema ({len(lines)} differences{behind})"
+        f"{show(database)} has drifted from the head schema ({len(lines)} differences{behind})"
     )
 
 

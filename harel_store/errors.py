@@ -27,6 +27,14 @@ class StoreBusy(StoreError):
     """The database stayed locked by another connection past the busy timeout; retry."""
 
 
+class OutcomeUnknown(StoreError):
+    """A write was sent to the server and no complete answer came back.
+
+    It may or may not have landed; ``exe.version`` is left as it was. Reload to learn which:
+    the version CAS makes a retry on the reloaded execution safe.
+    """
+
+
 class SchemaError(StoreError):
     """The database's schema is missing, behind or ahead of this code."""
 
@@ -35,26 +43,18 @@ _BUSY = re.compile(r"database is (locked|busy)|SQLITE_BUSY", re.IGNORECASE)
 _AUTH = re.compile(r"\b401\b|unauthori[sz]ed|authenticat", re.IGNORECASE)
 
 
-# The server has given up on the connection's stream: every later call on it fails the same
-# way, rollback included (sqld: a stream idle ~10 s, a server restarted mid-transaction). sqld
-# also interrupts a stream's statement now and then under load (SQLITE_INTERRUPT, seen once
-# in ~10 CI runs on a read): the same cure, a fresh connection, and a read runs again.
-_LOST = re.compile(
-    r"STREAM_EXPIRED|stream has expired|invalid baton|SQLITE_INTERRUPT", re.IGNORECASE
-)
-
-
-def connection_lost(exc: BaseException) -> bool:
-    """Whether a driver error means the connection is dead and a new one is needed."""
-    return not isinstance(exc, StoreError) and bool(_LOST.search(str(exc)))
-
-
-def translate(exc: BaseException, secrets: tuple[str, ...] = ()) -> StoreError:
-    """Turn a driver error into the store's own, never repeating a secret it may quote."""
-    text = str(exc) or type(exc).__name__
+def scrub(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every secret in it replaced by ``***``."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
+    return text
+
+
+def translate(exc: BaseException | str, secrets: tuple[str, ...] = ()) -> StoreError:
+    """Turn a driver's error (or a server's error text) into the store's own, never
+    repeating a secret it may quote."""
+    text = scrub(str(exc) or type(exc).__name__, secrets)
     if _AUTH.search(text):
         return StoreError(f"authentication failed: the server refused the auth token ({text})")
     if _BUSY.search(text):

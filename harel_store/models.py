@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -122,12 +121,3 @@ class DefinitionRecord(BaseModel):
     digest: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
     source: dict[str, Any]
     published_at: float | None = Field(default=None, allow_inf_nan=False)
-
-
-def check_finite(value: object, name: str) -> float:
-    """A time the store compares against: a real, finite number of epoch seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of epoch seconds, not {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, not {value!r}")
-    return float(value)

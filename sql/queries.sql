@@ -5,10 +5,31 @@
 --   name!   nothing but the number of rows changed
 -- Parameters are positional (`?` or `?N`): the libsql driver takes no named parameters.
 
+-- Every write is one batch (harel_store/batch.py) between these. A local connection runs
+-- it statement by statement; a remote one sends it as one Hrana batch whose steps each run
+-- only if the one before succeeded, COMMIT last, ROLLBACK if the COMMIT did not run.
+
 -- name: begin!
 -- Take the write lock up front, so a writer waits in busy_timeout here rather than failing
 -- half-way through a batch when its read lock cannot be upgraded.
 BEGIN IMMEDIATE;
+
+-- name: commit!
+COMMIT;
+
+-- name: rollback!
+ROLLBACK;
+
+-- name: guard_changed$
+-- A remote batch's guard: fails when the statement before it changed no row (json() of a
+-- text that is not JSON raises an error), so the steps after it are skipped and the batch
+-- rolls back. changes() is the connection's last INSERT/UPDATE/DELETE. A local connection
+-- reads the row count instead.
+SELECT CASE WHEN changes() = 0 THEN json('harel-store: the guarded statement changed no row') END;
+
+-- name: ping$
+-- Whether the server answers at all (and accepts the token).
+SELECT 1;
 
 -- name: version_table_exists$
 SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version';
@@ -18,16 +39,20 @@ SELECT version_num FROM alembic_version;
 
 -- name: create_version_table!
 -- Exactly the table Alembic creates, so a store-made file and an Alembic-made one agree.
-CREATE TABLE alembic_version (
+CREATE TABLE IF NOT EXISTS alembic_version (
     version_num VARCHAR(32) NOT NULL,
     CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
 
--- name: insert_revision!
-INSERT INTO alembic_version (version_num) VALUES (?);
+-- name: claim_revision!
+-- The first migration's guard: the revision row is written only where there is none, so
+-- of two processes migrating a fresh database one claims it and the other conflicts.
+INSERT INTO alembic_version (version_num) SELECT ?1 WHERE NOT EXISTS (SELECT 1 FROM alembic_version);
 
 -- name: update_revision!
-UPDATE alembic_version SET version_num = ?;
+-- A later migration's guard: it moves the revision from ?2 to ?1, or changes nothing when
+-- another process moved it first.
+UPDATE alembic_version SET version_num = ?1 WHERE version_num = ?2;
 
 -- name: insert_execution!
 -- The CAS for a brand-new execution (in-memory version 0): no row may exist yet. The summary
@@ -79,16 +104,17 @@ ON CONFLICT (execution_id, path) DO UPDATE SET fire_at = excluded.fire_at;
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
 
--- name: append_trace$
+-- name: append_trace!
 -- The next index is computed inline (first step is 0; the MAX is one primary-key seek) and
--- survives the ring trim; it comes back so the trim needs no second MAX.
+-- survives the ring trim.
 INSERT INTO harel_trace (execution_id, idx, entry)
-SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2
-RETURNING idx;
+SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2;
 
 -- name: trim_trace!
--- Keep the last ?3 steps of one execution whose newest step is ?2.
-DELETE FROM harel_trace WHERE execution_id = ?1 AND idx <= ?2 - ?3;
+-- Keep the last ?2 steps of one execution (in the same batch as the append: a MAX seek
+-- rather than the appended index, which a remote batch cannot pass from step to step).
+DELETE FROM harel_trace
+WHERE execution_id = ?1 AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1) - ?2;
 
 -- name: read_trace
 SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
@@ -200,20 +226,30 @@ DELETE FROM harel_timers WHERE execution_id = ? AND path = ? AND fire_at = ?;
 -- The purge CAS.
 DELETE FROM harel_executions WHERE id = ? AND version = ?;
 
+-- What an execution owns, deleted in the purge's batch once its row is gone: after a purge
+-- CAS that missed because the execution moved on, these delete nothing (no step of a
+-- remote batch can branch on the one before); where no row existed at all they clear the
+-- leftovers of an earlier interrupted purge.
+
 -- name: purge_processed!
-DELETE FROM harel_processed_events WHERE execution_id = ?;
+DELETE FROM harel_processed_events
+WHERE execution_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
 
 -- name: purge_trace!
-DELETE FROM harel_trace WHERE execution_id = ?;
+DELETE FROM harel_trace
+WHERE execution_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
 
 -- name: purge_timers!
-DELETE FROM harel_timers WHERE execution_id = ?;
+DELETE FROM harel_timers
+WHERE execution_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
 
 -- name: purge_outbox!
-DELETE FROM harel_outbox WHERE target_id = ?;
+DELETE FROM harel_outbox
+WHERE target_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
 
 -- name: purge_spawns!
-DELETE FROM harel_spawns WHERE parent_id = ?;
+DELETE FROM harel_spawns
+WHERE parent_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
 
 -- name: ids_in_range
 -- Ids with a prefix, as the primary-key range [?1, ?2): case-sensitive, with no character

@@ -31,6 +31,7 @@ KINDS = [
     "async-libsql-file",
     "libsql-remote",
     "libsql-replica",
+    "async-libsql-remote",
 ]
 
 
@@ -79,11 +80,11 @@ def open_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
     opened: list[Any] = []
     database: str | Path = ":memory:" if kind.endswith("memory") else tmp_path / "state.db"
     options: dict[str, Any] = {}
-    if kind in ("libsql-remote", "libsql-replica"):
+    if kind.endswith(("-remote", "-replica")):
         server = request.getfixturevalue("sqld")
         reset_remote(server)
         options["auth_token"] = server.token
-        if kind == "libsql-remote":
+        if kind.endswith("-remote"):
             database = server.url
         else:
             options.update(sync_url=server.url, sync_interval=60.0)

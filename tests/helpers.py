@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harel_store import AsyncLibsqlStore
+from harel_store.connection import HranaConnection, LocalConnection
 from harel_store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,15 @@ class SyncFacade:
 
 
 def raw(store: Any) -> Any:
-    """The store's own DB-API connection (to stage faults a caller could not cause)."""
+    """A DB-API connection to the store's database (to stage faults a caller could not
+    cause): a local store's own; for a remote store or a replica, a libsql connection of
+    the test's own to the primary, where the writes land."""
     inner = store.sync_store if hasattr(store, "sync_store") else store
-    return inner._conn
+    conn = inner._conn
+    if isinstance(conn, LocalConnection):
+        return conn.db
+    primary = conn if isinstance(conn, HranaConnection) else conn._primary
+    import libsql
+
+    token = primary._secrets[0] if primary._secrets else ""
+    return libsql.connect(primary.url, auth_token=token)

@@ -456,7 +456,15 @@ def test_threads_sharing_one_store_never_mix_batches(store: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["libsql-file", "sqlite-file", "async-libsql-file", "libsql-remote", "libsql-replica"]
+    "kind",
+    [
+        "libsql-file",
+        "sqlite-file",
+        "async-libsql-file",
+        "libsql-remote",
+        "libsql-replica",
+        "async-libsql-remote",
+    ],
 )
 def test_reopen_after_close_keeps_what_was_committed(open_store: Any) -> None:
     store = open_store()

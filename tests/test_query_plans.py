@@ -18,6 +18,7 @@ import pytest
 
 from harel_store import Event, Execution, LibsqlStore, SqliteStore
 from harel_store.sql import MIGRATIONS, QUERIES
+from tests.helpers import raw
 
 # The queries an engine worker, relay or monitor runs all the time (operator CLI queries and
 # schema bookkeeping are not here).
@@ -57,7 +58,7 @@ def _plan(conn: Any, name: str) -> list[str]:
 @pytest.fixture(params=["libsql", "sqlite"])
 def conn(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     store = {"libsql": LibsqlStore, "sqlite": SqliteStore}[request.param](tmp_path / "plan.db")
-    yield store._conn
+    yield raw(store)
     store.close()
 
 
@@ -92,7 +93,7 @@ def _at_0001(path: Path, driver: str) -> Any:
     for statement in MIGRATIONS[0].statements("up"):
         conn.execute(statement, ())
     conn.execute(QUERIES["create_version_table"].sql, ())
-    conn.execute(QUERIES["insert_revision"].sql, (MIGRATIONS[0].revision,))
+    conn.execute(QUERIES["claim_revision"].sql, (MIGRATIONS[0].revision,))
     return conn
 
 
@@ -124,7 +125,8 @@ def test_0002_backfills_summaries_and_survives_a_corrupt_row(driver: str, tmp_pa
     store = {"libsql": LibsqlStore, "sqlite": SqliteStore}[driver](path)
     try:
         assert store.schema_revision == MIGRATIONS[-1].revision
-        summary = store._conn.execute(
+        db = raw(store)
+        summary = db.execute(
             "SELECT id, status, outcome, active_path, parent_id, finished_at "
             "FROM harel_executions ORDER BY id",
             (),
@@ -141,7 +143,7 @@ def test_0002_backfills_summaries_and_survives_a_corrupt_row(driver: str, tmp_pa
             store.list_executions(definition_id="d").items[1]
             == store.list_executions(status=["failed", "running"]).items[1]
         )
-        created = store._conn.execute("SELECT created_at FROM harel_outbox", ()).fetchall()
+        created = db.execute("SELECT created_at FROM harel_outbox", ()).fetchall()
         assert [tuple(r) for r in created] == [(None,)]
     finally:
         store.close()
@@ -152,7 +154,7 @@ def test_new_outbox_entries_carry_sqlite_clock_epoch_seconds(tmp_path: Path) -> 
         before = time.time()
         store.commit(Execution(id="x", definition_id="d"), [(None, Event(name="go"))])
         after = time.time()
-        (created,) = store._conn.execute("SELECT created_at FROM harel_outbox", ()).fetchone()
+        (created,) = raw(store).execute("SELECT created_at FROM harel_outbox", ()).fetchone()
         assert before - 1 <= created <= after + 1
 
 

@@ -18,9 +18,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from harel_store import Event, Execution, LibsqlStore, SchemaError, StoreError, TimerOp
+from harel_store import (
+    Event,
+    Execution,
+    LibsqlStore,
+    OutcomeUnknown,
+    SchemaError,
+    StoreError,
+    TimerOp,
+)
 from harel_store.sql import HEAD, MIGRATIONS
 from tests.conftest import reset_remote
 from tests.helpers import ALEMBIC
@@ -79,8 +88,10 @@ def test_a_tls_url_is_taken_as_remote_and_fails_cleanly_against_plain_http(
     url = f"{scheme}://127.0.0.1:{server.port}"
     with pytest.raises(StoreError) as info:
         LibsqlStore(url, auth_token=server.token)
-    assert type(info.value) is StoreError and isinstance(info.value.__cause__, ValueError)
-    assert "error trying to connect" in str(info.value)  # a network error: it went remote
+    # Not OutcomeUnknown: the TLS handshake failed, so nothing was sent.
+    assert type(info.value) is StoreError and isinstance(info.value.__cause__, httpx.ConnectError)
+    assert str(info.value).startswith(f"cannot reach {url}: [SSL")  # it went remote, over TLS
+    assert ("libsql:// means TLS" in str(info.value)) == (scheme == "libsql")
     assert server.token not in "".join(traceback.format_exception(info.value))
     assert os.listdir(tmp_path) == []  # not opened as a local file named like the URL
 
@@ -259,9 +270,10 @@ def load_primary(srv: SqldServer, eid: str) -> Execution | None:
 def test_an_outage_fails_commits_cleanly_and_the_same_store_recovers(
     mode: str, own_server: SqldServer, tmp_path: Path
 ) -> None:
-    """The server is killed at a random moment of a commit stream (mostly inside a
-    transaction); commits then fail with StoreError and nothing lands half; once the server
-    is back the same store object commits again and nothing committed is lost."""
+    """The server is killed at a random moment of a commit stream: the commit in flight (if
+    one was) raises OutcomeUnknown, the following ones StoreError at once ("cannot reach"),
+    and nothing lands half; once the server is back the same store object commits again
+    and nothing committed is lost."""
     LibsqlStore(own_server.url, auth_token=own_server.token, migrate=True).close()
     store = primary(own_server) if mode == "remote" else replica(own_server, tmp_path / "r.db")
     exe = Execution(id="e", definition_id="d")
@@ -274,8 +286,13 @@ def test_an_outage_fails_commits_cleanly_and_the_same_store_recovers(
             try:
                 step(store, exe, landed + 1)
                 landed += 1
+            except OutcomeUnknown:
+                assert failures == 0  # only the commit in flight can have been sent
+                assert exe.version == landed
+                failures += 1
             except StoreError as exc:
                 assert type(exc) is StoreError, exc  # not a conflict: the server is gone
+                assert str(exc).startswith("cannot reach")
                 assert exe.version == landed
                 failures += 1
         killer.join()

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from harel_store import migrate
-from harel_store.store import Store
+from harel_store.connection import LocalConnection
+from harel_store.sql import Query
 from tests.workers.common import REPO, open_store
 
 
@@ -39,14 +40,24 @@ def main() -> None:
             time.sleep(args.hold_for)
 
     if args.mode == "store":
-        q = Store._q
+        # A migration is one batch: its revision guard, then its statements, then COMMIT.
+        execute, commit = LocalConnection._execute, LocalConnection._commit
+        claimed: list[str] = []
 
-        def hooked_q(self: Store, name: str, *params: Any) -> Any:
-            if name in ("insert_revision", "update_revision"):
-                applied(params[0])
-            return q(self, name, *params)
+        def hooked_execute(self: LocalConnection, query: Query, params: Any) -> Any:
+            if query.name == "begin":
+                claimed.clear()
+            elif query.name in ("claim_revision", "update_revision"):
+                claimed.append(params[0])
+            return execute(self, query, params)
 
-        Store._q = hooked_q  # type: ignore[method-assign]
+        def hooked_commit(self: LocalConnection) -> None:
+            if claimed:
+                applied(claimed.pop())
+            commit(self)
+
+        LocalConnection._execute = hooked_execute  # type: ignore[method-assign]
+        LocalConnection._commit = hooked_commit  # type: ignore[method-assign]
     else:
         run_sql = migrate.run_sql
 

@@ -1,0 +1,141 @@
+"""What the store asks of a connection, as data: one read, or one write batch.
+
+A store method is a *plan*: a generator that yields a request (a `Statement` to read, or a
+`Batch` to write) and is sent back its result, so the same method body runs over a local
+file, a remote primary or a replica, and under a sync or an async driver (`drive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from contextlib import suppress
+from typing import Any, NamedTuple, TypeVar
+
+from harel_store.sql import QUERIES, Query
+
+T = TypeVar("T")
+
+
+class Statement(NamedTuple):
+    """One named query from ``sql/queries.sql`` with its parameters laid out for ``?``."""
+
+    query: Query
+    params: Sequence[Any]
+
+
+def statement(name: str, *params: Any) -> Statement:
+    query = QUERIES[name]
+    return Statement(query, query.bind(params))
+
+
+class Batch:
+    """One write transaction: its steps run in order and land together or not at all.
+
+    A *guard* step must change at least one row (a version CAS, a revision claim): if it
+    changes none, nothing after it runs, the transaction rolls back, and the connection
+    raises `Conflicted` carrying what the batch's ``conflict`` statement read, in the same
+    round trip. The result is one entry per step, shaped by its query's kind.
+    """
+
+    __slots__ = ("conflict", "guards", "steps")
+
+    def __init__(self) -> None:
+        self.steps: list[Statement] = []
+        self.guards: list[int] = []
+        self.conflict: Statement | None = None
+
+    def add(self, name: str, *params: Any) -> int:
+        """Append a step; return its index in the batch's result."""
+        query = QUERIES[name]
+        self.steps.append(Statement(query, query.bind(params)))
+        return len(self.steps) - 1
+
+    def guard(self, name: str, *params: Any) -> int:
+        """Append a step that must change a row (see the class docstring)."""
+        if QUERIES[name].kind != "!":
+            raise ValueError(f"a guard step counts the rows it changed: {name} is not a `!` query")
+        index = self.add(name, *params)
+        self.guards.append(index)
+        return index
+
+    def on_conflict(self, name: str, *params: Any) -> None:
+        """What to read, after the rollback, when a guard step changed no row."""
+        self.conflict = statement(name, *params)
+
+    def __repr__(self) -> str:
+        return f"Batch({', '.join(s.query.name for s in self.steps)})"
+
+
+class Conflicted(Exception):
+    """A guard step of a batch changed no row: nothing of the batch was written."""
+
+    def __init__(self, step: int, found: Any) -> None:
+        super().__init__(f"guard step {step} changed no row")
+        self.step = step
+        self.found = found
+
+
+Request = Statement | Batch
+Plan = Generator[Request, Any, T]
+
+
+def shape(kind: str, rows: list[tuple[Any, ...]], changed: int) -> Any:
+    """A statement's result as its query's kind says (see the header of queries.sql)."""
+    if kind == "!":
+        return changed
+    if kind == "^":
+        return rows[0] if rows else None
+    if kind == "$":
+        return rows[0][0] if rows else None
+    return rows
+
+
+def drive(execute: Callable[[Request], Any], plan: Plan[T]) -> T:
+    """Run a plan to its end, each request through ``execute``; its errors go back into the
+    plan (which restores what it changed, or turns them into the store's own)."""
+    try:
+        request = next(plan)
+        while True:
+            try:
+                result = execute(request)
+            except BaseException as exc:
+                request = plan.throw(exc)
+            else:
+                request = plan.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def settle(
+    awaitable: Awaitable[T],
+) -> tuple[asyncio.Future[T], asyncio.CancelledError | None]:
+    """Await ``awaitable`` to its end even if the caller is cancelled meanwhile; return it
+    (done) and the cancellation that arrived, which the caller raises once it has used the
+    outcome. A request once sent is never abandoned half-way by a cancellation."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled = None
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    return task, cancelled
+
+
+async def adrive(execute: Callable[[Request], Awaitable[Any]], plan: Plan[T]) -> T:
+    """Async version of `drive`. A cancelled call waits for the request in flight, hands its
+    outcome to the plan (so ``exe`` tells what is stored), and then raises the cancellation."""
+    try:
+        request = next(plan)
+        while True:
+            task, cancelled = await settle(execute(request))
+            error = asyncio.CancelledError() if task.cancelled() else task.exception()
+            if cancelled is not None:
+                with suppress(BaseException):  # the cancellation wins over the outcome
+                    plan.throw(error) if error is not None else plan.send(task.result())
+                plan.close()
+                raise cancelled
+            request = plan.throw(error) if error is not None else plan.send(task.result())
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]

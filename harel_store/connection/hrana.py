@@ -1,0 +1,272 @@
+"""A remote libSQL primary (sqld, Turso) over Hrana 3 over HTTP, with httpx.
+
+Every request is one ``POST /v3/pipeline`` on a new stream that it also closes, so no
+server-side state outlives it: a read is one statement; a write is one Hrana batch
+(``BEGIN IMMEDIATE``, the steps, each run only if the one before succeeded, a guard after
+each guarded step, ``COMMIT``, ``ROLLBACK`` if the ``COMMIT`` did not run, and the
+conflict read if a guard failed). The sync and the async client share the wire format;
+only the sending differs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+from typing import Any
+
+import httpx
+
+from harel_store.batch import Batch, Conflicted, Request, Statement, shape, statement
+from harel_store.errors import OutcomeUnknown, StoreError, scrub, translate
+
+_BEGIN, _COMMIT, _ROLLBACK = (statement(n) for n in ("begin", "commit", "rollback"))
+_GUARD = statement("guard_changed")
+
+
+def _value(param: Any) -> dict[str, Any]:
+    if param is None:
+        return {"type": "null"}
+    if isinstance(param, str):
+        return {"type": "text", "value": param}
+    if isinstance(param, int):  # bool too: SQLite has no other
+        return {"type": "integer", "value": str(int(param))}  # a decimal string: exact
+    if isinstance(param, float):
+        # As decimal text, not a JSON number: sqld's JSON parser rounds about one double in
+        # six to a neighbour, where SQLite (3.43+) converts the shortest repr exactly. Every
+        # float the store binds meets a REAL column, whose affinity makes it a REAL again.
+        return {"type": "text", "value": repr(param)}
+    if isinstance(param, bytes):
+        return {"type": "blob", "base64": base64.b64encode(param).decode("ascii")}
+    raise TypeError(f"cannot send a {type(param).__name__} to the server")
+
+
+def _stmt(statement: Statement) -> dict[str, Any]:
+    query, params = statement
+    return {
+        "sql": query.sql,
+        "args": [_value(p) for p in params],
+        "want_rows": query.kind != "!",
+    }
+
+
+def _column(value: dict[str, Any]) -> Any:
+    kind = value["type"]
+    if kind == "integer":
+        return int(value["value"])
+    if kind == "blob":
+        return base64.b64decode(value["base64"])
+    return value.get("value")  # text, float (JSON numbers in the reply are exact), null
+
+
+def _result(statement: Statement, result: dict[str, Any]) -> Any:
+    rows = [tuple(_column(v) for v in row) for row in result["rows"]]
+    return shape(statement.query.kind, rows, result["affected_row_count"])
+
+
+def _ok(step: int) -> dict[str, Any]:
+    return {"type": "ok", "step": step}
+
+
+class _Wire:
+    """One request as a pipeline body, and how to read the reply."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.write = isinstance(request, Batch)
+        if not isinstance(request, Batch):
+            self.body = _body({"type": "execute", "stmt": _stmt(request)})
+            return
+        steps: list[dict[str, Any]] = [{"stmt": _stmt(_BEGIN)}]
+        self.positions: list[int] = []
+        self.guards: dict[int, int] = {}  # wire index of a guard -> the batch step it guards
+        for index, step in enumerate(request.steps):
+            steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(step)})
+            self.positions.append(len(steps) - 1)
+            if index in request.guards:
+                steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(_GUARD)})
+                self.guards[len(steps) - 1] = index
+        self.commit = len(steps)
+        steps.append({"condition": _ok(self.commit - 1), "stmt": _stmt(_COMMIT)})
+        steps.append(
+            {"condition": {"type": "not", "cond": _ok(self.commit)}, "stmt": _stmt(_ROLLBACK)}
+        )
+        self.conflict: int | None = None
+        if request.conflict is not None and self.guards:
+            self.conflict = len(steps)
+            failed = [{"type": "error", "step": g} for g in self.guards]
+            steps.append(
+                {"condition": {"type": "or", "conds": failed}, "stmt": _stmt(request.conflict)}
+            )
+        self.body = _body({"type": "batch", "batch": {"steps": steps}})
+
+    def decode(self, reply: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+        """The request's result, or the server's error (nothing of the request applied)."""
+        first = reply["results"][0]
+        if first["type"] != "ok":
+            return None, first["error"]
+        result = first["response"]["result"]
+        if not isinstance(self.request, Batch):
+            return _result(self.request, result), None
+        request, results, errors = self.request, result["step_results"], result["step_errors"]
+        if results[self.commit] is not None:
+            steps = zip(request.steps, self.positions, strict=True)
+            return [_result(step, results[p]) for step, p in steps], None
+        failed = next(j for j, error in enumerate(errors) if error is not None)
+        if failed in self.guards:
+            found = None
+            if self.conflict is not None and request.conflict is not None:
+                found = _result(request.conflict, results[self.conflict])
+            raise Conflicted(self.guards[failed], found)
+        return None, errors[failed]
+
+
+def _body(first: dict[str, Any]) -> bytes:
+    body = {"baton": None, "requests": [first, {"type": "close"}]}
+    return json.dumps(body, separators=(",", ":")).encode("ascii")
+
+
+class ServerError(Exception):
+    """An error as the server reported it: the ``__cause__`` of the StoreError raised."""
+
+    def __init__(self, message: str, code: str | None) -> None:
+        super().__init__(f"{message} ({code})" if code else message)
+        self.message = message
+        self.code = code
+
+
+_SCHEMES = {"http": "http", "ws": "http", "https": "https", "libsql": "https", "wss": "https"}
+
+
+class HranaConnection:
+    """A remote primary: every request one HTTP round trip, from any thread or task at once.
+
+    ``timeout`` bounds each phase of a request (connecting, sending, waiting for the
+    answer). A write that was sent and got no complete answer raises `OutcomeUnknown`.
+    """
+
+    def __init__(self, url: str, where: str, *, auth_token: str, timeout: float) -> None:
+        parts = httpx.URL(url)
+        scheme = _SCHEMES[parts.scheme]
+        self.url = str(parts.copy_with(scheme=scheme, username=None, password=None, query=None))
+        self.where = where
+        self._endpoint = self.url.rstrip("/") + "/v3/pipeline"
+        self._secrets = (auth_token,) if auth_token else ()
+        self._tls_hint = parts.scheme == "libsql"
+        headers = {"Content-Type": "application/json"}
+        if auth_token:
+            headers["Authorization"] = f"Bearer {auth_token}"
+        self._timeout = timeout
+        self._options: dict[str, Any] = {
+            "headers": headers,
+            "timeout": httpx.Timeout(timeout),
+            "verify": _system_trust() if scheme == "https" else True,
+        }
+        self._client = httpx.Client(**self._options)
+        self._aclient: httpx.AsyncClient | None = None
+
+    def execute(self, request: Request) -> Any:
+        wire = _Wire(request)
+        for attempt in (1, 2):
+            try:
+                response = self._client.post(self._endpoint, content=wire.body)
+                break
+            except httpx.HTTPError as exc:
+                if not self._retry(exc, wire, attempt):
+                    raise self._lost(exc, wire) from exc
+        return self._answer(wire, response)
+
+    async def aexecute(self, request: Request) -> Any:
+        """Async version of `execute`, on an ``httpx.AsyncClient`` (made on first use)."""
+        if self._aclient is None:
+            self._aclient = httpx.AsyncClient(**self._options)
+        wire = _Wire(request)
+        for attempt in (1, 2):
+            try:
+                response = await self._aclient.post(self._endpoint, content=wire.body)
+                break
+            except httpx.HTTPError as exc:
+                if not self._retry(exc, wire, attempt):
+                    raise self._lost(exc, wire) from exc
+        return self._answer(wire, response)
+
+    @staticmethod
+    def _retry(exc: httpx.HTTPError, wire: _Wire, attempt: int) -> bool:
+        """A read whose connection broke (a kept-alive one the server had closed, say) runs
+        once more; it changed nothing. A timeout is not retried: that would double it."""
+        return (
+            attempt == 1
+            and not wire.write
+            and isinstance(exc, httpx.TransportError)
+            and not isinstance(exc, httpx.TimeoutException)
+        )
+
+    def _lost(self, exc: httpx.HTTPError, wire: _Wire) -> StoreError:
+        what = scrub(str(exc) or type(exc).__name__, self._secrets)
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+            hint = ""
+            if self._tls_hint and "SSL" in what:
+                hint = " (libsql:// means TLS; a server without TLS is http://host:port)"
+            return StoreError(f"cannot reach {self.where}: {what}{hint}")
+        if isinstance(exc, httpx.TimeoutException):
+            message = f"no answer from {self.where} within {self._timeout:g} s"
+        elif isinstance(exc, httpx.TransportError):
+            message = f"the connection to {self.where} broke before the answer came: {what}"
+        else:
+            return StoreError(f"cannot send to {self.where}: {what}")
+        if wire.write:
+            return OutcomeUnknown(
+                f"{message}; the write may or may not have landed: reload to learn which"
+            )
+        return StoreError(message)
+
+    def _answer(self, wire: _Wire, response: httpx.Response) -> Any:
+        if response.status_code != 200:
+            raise self._refused(wire, response)
+        try:
+            result, error = wire.decode(response.json())
+        except Conflicted:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError, StopIteration) as exc:
+            message = f"{self.where} sent a reply that is not a Hrana pipeline result ({exc!r})"
+            if wire.write:
+                raise OutcomeUnknown(f"{message}; the write may or may not have landed") from exc
+            raise StoreError(message) from exc
+        if error is not None:
+            cause = ServerError(
+                scrub(str(error.get("message", "")), self._secrets), error.get("code")
+            )
+            raise translate(cause) from cause
+        return result
+
+    def _refused(self, wire: _Wire, response: httpx.Response) -> StoreError:
+        status = response.status_code
+        text = scrub(" ".join(response.text.split())[:300], self._secrets)
+        message = f"HTTP {status} from {self.where}: {text}"
+        if status in (401, 403):
+            return StoreError(
+                f"authentication failed: the server refused the auth token ({message})"
+            )
+        if wire.write and status >= 500:  # a proxy's 502, a server dying mid-batch
+            return OutcomeUnknown(
+                f"{message}; the write may or may not have landed: reload to learn which"
+            )
+        return StoreError(message)
+
+    def sync(self) -> None:
+        """Nothing to pull: every read goes to the primary."""
+
+    def close(self) -> None:
+        self._client.close()
+
+    async def aclose(self) -> None:
+        if self._aclient is not None:
+            await self._aclient.aclose()
+        self._client.close()
+
+
+def _system_trust() -> ssl.SSLContext:
+    """TLS verified against the operating system's trust store (SSL_CERT_FILE is honoured)."""
+    import truststore
+
+    return truststore.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

@@ -1,0 +1,191 @@
+"""A database file (or ``:memory:``) on this machine, over libsql or the stdlib's sqlite3.
+
+A batch runs between ``BEGIN IMMEDIATE`` and ``COMMIT`` on the one DB-API connection; a
+guard step is checked by its row count. One request at a time: a lock serializes them, so
+one thread's transaction never commits another's half-written batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import threading
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from harel_store.batch import Batch, Conflicted, Request, statement
+from harel_store.checks import check_finite
+from harel_store.errors import StoreError, translate
+from harel_store.sql import Query
+
+Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
+_BEGIN, _COMMIT = statement("begin"), statement("commit")
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class DBAPI(Protocol):
+    """The part of DB-API that both drivers give and the store uses."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalConnection:
+    """Requests run on one DB-API connection, one at a time."""
+
+    def __init__(
+        self, db: DBAPI, where: str, *, replica: bool = False, secrets: tuple[str, ...] = ()
+    ) -> None:
+        self.db = db
+        self.where = where
+        self._replica = replica  # a libsql embedded replica: sync() pulls from its primary
+        self._secrets = secrets
+        self._lock = threading.RLock()
+        self._closed = False
+
+    def execute(self, request: Request) -> Any:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the store on {self.where} is closed")
+            try:
+                if isinstance(request, Batch):
+                    return self._batch(request)
+                return self._result(request.query, self._execute(*request))
+            except (StoreError, Conflicted):
+                raise
+            except Exception as exc:
+                raise translate(exc, self._secrets) from exc
+
+    def _execute(self, query: Query, params: Any) -> Cursor:
+        return self.db.execute(query.sql, params)
+
+    @staticmethod
+    def _result(query: Query, cur: Cursor) -> Any:
+        kind = query.kind
+        if kind == "!":
+            return cur.rowcount
+        if kind == "^":
+            return cur.fetchone()
+        if kind == "$":
+            row = cur.fetchone()
+            return None if row is None else row[0]
+        return cur.fetchall()
+
+    def _batch(self, batch: Batch) -> list[Any]:
+        self._execute(*_BEGIN)
+        try:
+            results = []
+            for index, (query, params) in enumerate(batch.steps):
+                # No cursor outlives its step: an unfinished one would block the COMMIT.
+                result = self._result(query, self._execute(query, params))
+                if result == 0 and index in batch.guards:  # a guard's kind is "!": rows changed
+                    self.db.rollback()
+                    found = None
+                    if batch.conflict is not None:
+                        found = self._result(batch.conflict.query, self._execute(*batch.conflict))
+                    raise Conflicted(index, found)
+                results.append(result)
+            self._commit()
+            return results
+        except BaseException:
+            with suppress(Exception):  # rolled back already, or the connection is gone
+                self.db.rollback()
+            raise
+
+    def _commit(self) -> None:
+        self.db.commit()
+
+    def sync(self) -> None:
+        if self._replica:
+            with self._lock:
+                try:
+                    self.db.sync()  # type: ignore[attr-defined]
+                except Exception as exc:
+                    raise translate(exc, self._secrets) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                # A libsql connection may fail any call, even close (pyo3's PanicException
+                # is a BaseException).
+                with suppress(BaseException):
+                    self.db.close()
+
+
+def check_local_options(synchronous: str, busy_timeout: float) -> None:
+    if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise ValueError(f"synchronous must be FULL, NORMAL, EXTRA or OFF, not {synchronous!r}")
+    if check_finite(busy_timeout, "busy_timeout") < 0:
+        raise ValueError(f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}")
+
+
+def _pragmas(db: DBAPI, database: str | Path, synchronous: str, busy_timeout: float) -> None:
+    """WAL (readers never block the writer), a busy wait, and the chosen durability."""
+    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}", ())
+    if str(database) != ":memory:":
+        db.execute("PRAGMA journal_mode = WAL", ()).fetchall()
+    db.execute(f"PRAGMA synchronous = {synchronous}", ())
+
+
+def import_libsql() -> Any:
+    """Import libsql with its Rust log off unless RUST_LOG is set.
+
+    libsql's client logs to stdout (a replica's handshakes at INFO, its retries at ERROR)
+    and reads RUST_LOG once, when it is imported; failures reach the caller as exceptions
+    anyway. The variable is set only around the import, so child processes do not inherit it.
+    """
+    if "libsql" in sys.modules or "RUST_LOG" in os.environ:
+        import libsql
+    else:
+        os.environ["RUST_LOG"] = "off"
+        try:
+            import libsql
+        finally:
+            del os.environ["RUST_LOG"]
+    return libsql
+
+
+def _opened(db: DBAPI, database: str | Path, synchronous: str, busy_timeout: float) -> DBAPI:
+    try:
+        _pragmas(db, database, synchronous, busy_timeout)
+    except BaseException:
+        with suppress(BaseException):
+            db.close()
+        raise
+    return db
+
+
+def open_file(
+    database: str | Path,
+    *,
+    driver: Literal["libsql", "sqlite"],
+    synchronous: str,
+    busy_timeout: float,
+) -> LocalConnection:
+    """A local database file (or ``:memory:``) with WAL, a busy timeout and ``synchronous``."""
+    check_local_options(synchronous, busy_timeout)
+    try:
+        if driver == "libsql":
+            db = import_libsql().connect(str(database), _check_same_thread=False)
+        else:
+            db = sqlite3.connect(
+                str(database),
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=busy_timeout,
+            )
+        return LocalConnection(_opened(db, database, synchronous, busy_timeout), str(database))
+    except Exception as exc:
+        raise translate(exc) from exc
