@@ -155,9 +155,7 @@ def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
                     sql["append_trace"], bind["append_trace"]((eid, step))
                 ).fetchone()
                 if idx >= DEFAULT_TRACE_MAX:
-                    conn.execute(
-                        sql["trim_trace"], bind["trim_trace"]((eid, idx, DEFAULT_TRACE_MAX))
-                    )
+                    conn.execute(sql["trim_trace"], bind["trim_trace"]((eid, DEFAULT_TRACE_MAX)))
             conn.commit()
         return (time.perf_counter() - t0) / n
 
@@ -287,9 +285,9 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
     store = DRIVERS[driver](path, migrate=False)
     out: dict[str, float] = {}
     middle = f"exe-{n // 2:08d}"
-    from harel_store.store import _encode_cursor
+    from harel_store.checks import encode_cursor
 
-    cursor = _encode_cursor(middle)
+    cursor = encode_cursor(middle)
     for name, kwargs in LISTINGS.items():
         out[f"list {name} (first page)"] = latency(
             lambda kwargs=kwargs: store.list_executions(limit=50, **kwargs), iterations
@@ -304,7 +302,7 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
     ids = [f"exe-{(i * 7919) % n:08d}" for i in range(iterations)]
     it = iter(ids * 40)
     out["load_for_event"] = latency(lambda: store.load_for_event(next(it), "ev-1"), iterations)
-    conn = store._conn
+    conn = store._conn.db  # type: ignore[attr-defined]
     sql = "SELECT data FROM harel_executions WHERE id = ?"
     it2 = iter(ids * 40)
     out["bare pk select"] = latency(lambda: conn.execute(sql, (next(it2),)).fetchone(), iterations)

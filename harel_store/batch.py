@@ -10,23 +10,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import suppress
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from harel_store.sql import QUERIES, Query
 
 T = TypeVar("T")
 
 
-class Statement(NamedTuple):
-    """One named query from ``sql/queries.sql`` with its parameters laid out for ``?``."""
-
-    query: Query
-    params: Sequence[Any]
+# One query (a named block of ``sql/queries.sql``) with its parameters laid out for ``?``.
+Statement = tuple[Query, Sequence[Any]]
 
 
 def statement(name: str, *params: Any) -> Statement:
     query = QUERIES[name]
-    return Statement(query, query.bind(params))
+    return query, query.bind(params)
 
 
 class Batch:
@@ -36,19 +33,27 @@ class Batch:
     changes none, nothing after it runs, the transaction rolls back, and the connection
     raises `Conflicted` carrying what the batch's ``conflict`` statement read, in the same
     round trip. The result is one entry per step, shaped by its query's kind.
+
+    A step added with ``only_if=(step, least)`` can change something only once the earlier
+    step's result reached ``least`` (the trace ring's trim, once the ring is full): a local
+    connection skips it otherwise (its result is then None); a remote batch cannot branch
+    on a value, so it always runs it, to no effect.
     """
 
-    __slots__ = ("conflict", "guards", "steps")
+    __slots__ = ("conflict", "guards", "only_if", "steps")
 
     def __init__(self) -> None:
         self.steps: list[Statement] = []
         self.guards: list[int] = []
+        self.only_if: dict[int, tuple[int, int]] = {}
         self.conflict: Statement | None = None
 
-    def add(self, name: str, *params: Any) -> int:
+    def add(self, name: str, *params: Any, only_if: tuple[int, int] | None = None) -> int:
         """Append a step; return its index in the batch's result."""
         query = QUERIES[name]
-        self.steps.append(Statement(query, query.bind(params)))
+        self.steps.append((query, query.bind(params)))
+        if only_if is not None:
+            self.only_if[len(self.steps) - 1] = only_if
         return len(self.steps) - 1
 
     def guard(self, name: str, *params: Any) -> int:
@@ -64,7 +69,7 @@ class Batch:
         self.conflict = statement(name, *params)
 
     def __repr__(self) -> str:
-        return f"Batch({', '.join(s.query.name for s in self.steps)})"
+        return f"Batch({', '.join(query.name for query, _ in self.steps)})"
 
 
 class Conflicted(Exception):

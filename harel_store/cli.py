@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from harel_store import demo
-from harel_store.batch import Statement, drive
+from harel_store.batch import drive
 from harel_store.connection import Connection, is_remote, open_libsql, show
 from harel_store.connection.revision import revision
 from harel_store.errors import StoreError
@@ -375,9 +375,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     _require_local(database, None)
     with _connection(database) as conn:
         current = drive(conn.execute, revision())
-        live = describe(
-            lambda sql, params: conn.execute(Statement(Query("describe", "", sql), params))
-        )
+        live = describe(lambda sql, params: conn.execute((Query("describe", "", sql), params)))
     lines = diff(head_schema(), live)
     if not lines:
         print(f"{show(database)}: schema matches head (revision {current})")

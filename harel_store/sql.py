@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,23 @@ class Query:
     sql: str  # with plain `?` placeholders only
     order: tuple[int, ...] = ()  # for a block written with `?N`: the argument each `?` takes
 
+    pick: Callable[[Sequence[Any]], Sequence[Any]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        # Every statement of a commit is bound: one C call (itemgetter), not a generator.
+        pick = None
+        if len(self.order) == 1:
+            (only,) = self.order
+            pick = lambda params: (params[only],)  # noqa: E731
+        elif self.order:
+            pick = itemgetter(*self.order)
+        object.__setattr__(self, "pick", pick)
+
     def bind(self, params: Sequence[Any]) -> Sequence[Any]:
         """The parameters for ``sql``, given those of the block as written in queries.sql."""
-        return tuple(params[i] for i in self.order) if self.order else params
+        return params if self.pick is None else self.pick(params)
 
 
 def parse_queries(text: str) -> dict[str, Query]:

@@ -212,9 +212,9 @@ class Store:
         return list(results[1 : 1 + len(outbox)])
 
     def _add_trace(self, batch: Batch, execution_id: str, entry: str) -> None:
-        batch.add("append_trace", execution_id, entry)
-        if self.trace_max:
-            batch.add("trim_trace", execution_id, self.trace_max)
+        index = batch.add("append_trace", execution_id, entry)
+        if self.trace_max:  # a ring not yet full has nothing to trim
+            batch.add("trim_trace", execution_id, self.trace_max, only_if=(index, self.trace_max))
 
     def append_trace(self, execution_id: str, entry: dict[str, Any]) -> None:
         """Append one step to an execution's trace ring on its own (trimmed to trace_max)."""

@@ -104,15 +104,17 @@ ON CONFLICT (execution_id, path) DO UPDATE SET fire_at = excluded.fire_at;
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
 
--- name: append_trace!
+-- name: append_trace$
 -- The next index is computed inline (first step is 0; the MAX is one primary-key seek) and
--- survives the ring trim.
+-- survives the ring trim; it comes back so a local batch runs the trim only once the ring
+-- is full.
 INSERT INTO harel_trace (execution_id, idx, entry)
-SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2;
+SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2
+RETURNING idx;
 
 -- name: trim_trace!
--- Keep the last ?2 steps of one execution (in the same batch as the append: a MAX seek
--- rather than the appended index, which a remote batch cannot pass from step to step).
+-- Keep the last ?2 steps of one execution (a MAX seek rather than the appended index, which
+-- a remote batch cannot pass from step to step).
 DELETE FROM harel_trace
 WHERE execution_id = ?1 AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1) - ?2;
 

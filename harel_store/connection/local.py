@@ -61,7 +61,7 @@ class LocalConnection:
             try:
                 if isinstance(request, Batch):
                     return self._batch(request)
-                return self._result(request.query, self._execute(*request))
+                return self._result(request[0], self._execute(*request))
             except (StoreError, Conflicted):
                 raise
             except Exception as exc:
@@ -85,15 +85,20 @@ class LocalConnection:
     def _batch(self, batch: Batch) -> list[Any]:
         self._execute(*_BEGIN)
         try:
-            results = []
+            results: list[Any] = []
             for index, (query, params) in enumerate(batch.steps):
+                if index in batch.only_if:
+                    step, least = batch.only_if[index]
+                    if results[step] < least:
+                        results.append(None)
+                        continue
                 # No cursor outlives its step: an unfinished one would block the COMMIT.
                 result = self._result(query, self._execute(query, params))
                 if result == 0 and index in batch.guards:  # a guard's kind is "!": rows changed
                     self.db.rollback()
                     found = None
                     if batch.conflict is not None:
-                        found = self._result(batch.conflict.query, self._execute(*batch.conflict))
+                        found = self._result(batch.conflict[0], self._execute(*batch.conflict))
                     raise Conflicted(index, found)
                 results.append(result)
             self._commit()

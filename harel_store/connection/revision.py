@@ -6,7 +6,7 @@ run the same steps over any connection.
 
 from __future__ import annotations
 
-from harel_store.batch import Batch, Conflicted, Plan, Statement, statement
+from harel_store.batch import Batch, Conflicted, Plan, statement
 from harel_store.errors import SchemaError, StoreError
 from harel_store.sql import HEAD, MIGRATIONS, Migration, Query
 
@@ -31,7 +31,7 @@ def migration_batch(migration: Migration, current: str | None) -> Batch:
     else:
         batch.guard("update_revision", migration.revision, current)
     for number, sql in enumerate(migration.statements("up"), 1):
-        batch.steps.append(Statement(Query(f"{migration.name}#{number}", "!", sql), ()))
+        batch.steps.append((Query(f"{migration.name}#{number}", "!", sql), ()))
     return batch
 
 
