@@ -455,6 +455,15 @@ def test_threads_sharing_one_store_never_mix_batches(store: Any) -> None:
     assert len(store.read_trace("own-0")) == 15
 
 
+def test_a_closed_store_says_so_and_closes_once(store: Any) -> None:
+    store.save(new())
+    store.close()
+    store.close()  # a second close is a no-op
+    for call in (lambda: store.load("exe-1"), lambda: store.save(new("other"))):
+        with pytest.raises(StoreError, match="closed"):
+            call()
+
+
 @pytest.mark.parametrize(
     "kind",
     [

@@ -146,7 +146,10 @@ class HranaConnection:
     """
 
     def __init__(self, url: str, where: str, *, auth_token: str, timeout: float) -> None:
-        parts = httpx.URL(url)
+        try:
+            parts = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a usable URL: {where} ({exc})") from None
         scheme = _SCHEMES[parts.scheme]
         self.url = str(parts.copy_with(scheme=scheme, username=None, password=None, query=None))
         self.where = where
@@ -164,8 +167,14 @@ class HranaConnection:
         }
         self._client = httpx.Client(**self._options)
         self._aclient: httpx.AsyncClient | None = None
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store on {self.where} is closed")
 
     def execute(self, request: Request) -> Any:
+        self._check_open()
         wire = _Wire(request)
         for attempt in (1, 2):
             try:
@@ -178,6 +187,7 @@ class HranaConnection:
 
     async def aexecute(self, request: Request) -> Any:
         """Async version of `execute`, on an ``httpx.AsyncClient`` (made on first use)."""
+        self._check_open()
         if self._aclient is None:
             self._aclient = httpx.AsyncClient(**self._options)
         wire = _Wire(request)
@@ -257,9 +267,11 @@ class HranaConnection:
         """Nothing to pull: every read goes to the primary."""
 
     def close(self) -> None:
+        self._closed = True
         self._client.close()
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._aclient is not None:
             await self._aclient.aclose()
         self._client.close()
