@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import ssl
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trustme
 
@@ -25,10 +27,12 @@ from harel_store import (
     Execution,
     LibsqlStore,
     OutcomeUnknown,
+    StoreBusy,
     StoreConflict,
     StoreError,
     TimerOp,
 )
+from harel_store.connection.hrana import WRITES_IN_FLIGHT
 from tests.conftest import reset_remote
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
@@ -177,9 +181,11 @@ def test_a_lost_answer_is_an_unknown_outcome_that_a_reload_resolves(
         proxy.mode = "cut"  # the request never reaches the server
         with pytest.raises(OutcomeUnknown):
             step(store, lost, 1)
+        before = proxy.requests
         with pytest.raises(StoreError) as info:
             store.load("lost")
         assert type(info.value) is StoreError
+        assert proxy.requests - before == 2  # a read is sent once more: it changed nothing
         proxy.mode = "forward"
         assert store.load("lost") is None
         step(store, lost, 1)  # the retry lands
@@ -197,9 +203,12 @@ def test_async_commits_to_different_executions_are_in_flight_at_once(
         proxy.delay = 0.2
         exes = [Execution(id=f"par-{i}", definition_id="d") for i in range(8)]
         await asyncio.gather(*(store.commit(e, [(None, Event(name="x"))]) for e in exes))
-        assert proxy.max_in_flight == 8
+        assert proxy.max_in_flight == WRITES_IN_FLIGHT  # 8 commits, 4 at a time
+        proxy.max_in_flight = 0
+        loaded = await asyncio.gather(*(store.load(e.id) for e in exes))
+        assert proxy.max_in_flight == 8  # reads are not limited
         proxy.delay = 0
-        assert [e.version for e in exes] == [1] * 8
+        assert [e.version for e in exes] == [1] * 8 == [e.version for e in loaded if e]
         assert len(await store.pending_outbox()) == 8
 
         # Many tasks on one execution: the CAS lets exactly one win each version.
@@ -341,3 +350,53 @@ def test_floats_and_wide_integers_travel_exactly(server: SqldServer) -> None:
             record = DefinitionRecord(definition_id="wide", version=version, digest="x", source={})
             assert store.publish_definition(record).version == version
             assert store.load_definition("wide", version) == record
+
+
+# --- a batch refused as busy is sent again, within busy_timeout ---
+
+
+def test_a_batch_the_server_refused_as_busy_is_sent_again_within_busy_timeout(
+    server: SqldServer,
+) -> None:
+    """sqld answers SQLITE_BUSY when it cannot hand a batch the write lock (a checkpoint
+    holds it; the batch's snapshot went stale): the batch rolled back, so it is sent again
+    after a pause, for up to busy_timeout. The refusal is injected in front of the real
+    server (its own reply, word for word), since sqld gives it only under load."""
+    store = LibsqlStore(server.url, auth_token=server.token, busy_timeout=0.3)
+    conn = store._conn
+    real = conn._client
+    refusals = 2
+    sent = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal refusals, sent
+        sent += 1
+        steps = json.loads(request.content)["requests"][0].get("batch", {}).get("steps")
+        if steps is None or refusals == 0:
+            return real.send(real.build_request("POST", request.url, content=request.content))
+        refusals -= 1
+        busy = {"message": "SQLite error: database is locked", "code": "SQLITE_BUSY"}
+        result = {
+            "step_results": [None] * len(steps),
+            "step_errors": [busy] + [None] * (len(steps) - 1),
+        }
+        batch = {"type": "ok", "response": {"type": "batch", "result": result}}
+        close = {"type": "ok", "response": {"type": "close"}}
+        return httpx.Response(
+            200, json={"baton": None, "base_url": None, "results": [batch, close]}
+        )
+
+    conn._client = httpx.Client(transport=httpx.MockTransport(handler))
+    try:
+        exe = Execution(id="busy", definition_id="d")
+        step(store, exe, 1)
+        assert (sent, exe.version) == (3, 1)  # refused twice, then it landed
+        refusals = 1_000_000
+        with pytest.raises(StoreBusy):
+            step(store, exe, 2)
+        assert exe.version == 1 and sent > 4
+        refusals = 0
+        assert store.load("busy").version == 1  # type: ignore[union-attr]
+    finally:
+        conn._client = real
+        store.close()

@@ -90,10 +90,15 @@ def open_libsql(
             auth_token=auth_token,
             sync_interval=sync_interval,
             timeout=timeout,
+            busy_timeout=busy_timeout,
         )
     if is_remote(database):
         return HranaConnection(
-            str(database), show(database), auth_token=auth_token, timeout=timeout
+            str(database),
+            show(database),
+            auth_token=auth_token,
+            timeout=timeout,
+            busy_timeout=busy_timeout,
         )
     return open_file(database, driver="libsql", synchronous=synchronous, busy_timeout=busy_timeout)
 

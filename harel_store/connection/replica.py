@@ -61,10 +61,13 @@ def open_replica(
     auth_token: str,
     sync_interval: float | None,
     timeout: float,
+    busy_timeout: float,
 ) -> ReplicaConnection:
     """Open (or create) the replica file and pull the primary's state into it."""
     secrets = (auth_token,) if auth_token else ()
-    primary = HranaConnection(sync_url, where, auth_token=auth_token, timeout=timeout)
+    primary = HranaConnection(
+        sync_url, where, auth_token=auth_token, timeout=timeout, busy_timeout=busy_timeout
+    )
     options: dict[str, Any] = {
         "_check_same_thread": False,
         "sync_url": sync_url,
