@@ -1,22 +1,30 @@
-"""What a commit costs against a libSQL server (sqld), remote and as an embedded replica.
+"""What commits and reads cost against a libSQL server (sqld), remote and as an embedded
+replica, on a link with a round-trip delay. Not a test: the figures depend on the machine.
 
-    python -m benchmarks.remote            # ~20 s
-    python -m benchmarks.remote --quick    # fewer repetitions
+    python -m benchmarks.remote                  # ~1 minute
+    python -m benchmarks.remote --quick          # fewer repetitions (~20 s)
+    python -m benchmarks.remote --delay-ms 50    # another link (default: 20 ms a request)
 
-Starts its own sqld on 127.0.0.1 (``tests.sqld``, token auth on) and reports:
+It starts its own sqld (``tests.sqld``, token auth on) and two proxies in front of it, each a
+process of its own (``--proxy PORT``: libsql holds the GIL through its network calls). A proxy
+forwards bytes untouched and counts the HTTP/1.x requests sent; the *link* proxy holds each
+chunk that starts a request for ``--delay-ms`` (a round trip on a slow network), the
+*counting* proxy does not. Replicas sync through a proxy too. Measured (a commit: the CAS
+update, one emit, the dedupe marker, one timer and one trace step):
 
-- HTTP requests per operation, counted by a loopback TCP proxy run as a separate process
-  (libsql holds the GIL through every network call, so a proxy thread in this process
-  would never run);
-- latency as a ratio against one ``SELECT 1`` round trip to the same server on a bare
-  connection, measured directly (not through the proxy), median of many runs;
-- the event-loop lag of ``AsyncLibsqlStore``: how late a task that sleeps 1 ms in a loop
-  wakes while commits are awaited through the twin, remote and replica, against the same
-  ticker idle; for comparison the same on a local file, through the twin over
-  ``LibsqlStore`` and over ``SqliteStore`` (stdlib ``sqlite3``, which releases the GIL).
+1. requests per operation (counting proxy), of the store remote and as a replica, and of a
+   bare ``libsql`` connection (the driver the store used before) as the baseline;
+2. latency on the link: each operation's median call, interleaved in rounds, as a ratio to one
+   bare ``POST /v3/pipeline`` of ``SELECT 1``;
+3. ``AsyncLibsqlStore`` on the remote primary over the link: commits/s of 1 task and of 32
+   tasks on executions of their own (the store's cap of 4 writes in flight applies), then a
+   check that each execution's version, commits returned, markers and trace steps agree;
+4. event-loop lag (a task sleeping 1 ms in a loop: p99, max, against the same idle) during the
+   runs of section 3, and during one task's commits to the primary directly, to a replica, to
+   a local file (libsql) and through the twin's thread wrapper over ``SqliteStore`` (sqlite3).
 
-A typical commit: the CAS update, one emit, the dedupe marker, one timer schedule and one
-trace step. Not a test: the figures depend on the machine; compare the ratios.
+Prints a table and writes it as JSON to ``benchmarks/results/remote-<timestamp>.json``. A
+store error ends the run, naming the section (a request times out after 10 s).
 """
 
 from __future__ import annotations
@@ -24,16 +32,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
+import json
 import os
+import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,124 +53,209 @@ if __package__ in (None, ""):  # `python benchmarks/remote.py` as well as `-m be
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's log quiet
+import httpx
 import libsql
 
 from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
-from tests.sqld import SqldServer
+from harel_store.connection.hrana import WRITES_IN_FLIGHT
+from harel_store.sql import QUERIES
+from harel_store.store import DEFAULT_TRACE_MAX, Store
+from tests.sqld import SQLD_VERSION, SqldServer
 
-REQUEST_LINE = re.compile(rb"(?:^|\r\n)(?:GET|POST|PUT|DELETE) \S+ HTTP/1\.[01]\r\n")
-
-
-# --- the counting proxy (its own process: `python -m benchmarks.remote --proxy PORT FILE`) ---
-
-
-def _pipe(src: socket.socket, dst: socket.socket, count: Callable[[int], None] | None) -> None:
-    try:
-        while data := src.recv(65536):
-            if count is not None:
-                count(len(REQUEST_LINE.findall(data)))  # before forwarding: exact on return
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+ROOT = Path(__file__).resolve().parent.parent
+REQUEST_LINE = re.compile(rb"(?:^|\r\n)[A-Z]+ \S+ HTTP/1\.[01]\r\n")
+TIMEOUT = 10.0  # seconds a request may take
+TICK = 0.001
 
 
-def run_proxy(target_port: int, counter: Path) -> None:
-    lock = threading.Lock()
-    total = 0
+def run_proxy(target_port: int, delay_ms: float) -> None:
+    """The proxy process: print its port, then its request count for each line read on
+    stdin; exit when stdin closes (the benchmark is done, or died)."""
+    requests = [0]
 
-    def count(n: int) -> None:
-        nonlocal total
-        if n:
-            with lock:
-                total += n
-                counter.write_text(str(total))
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool) -> None:
+        with contextlib.suppress(OSError):  # a reset ends the connection, as EOF does
+            while data := await src.read(65536):
+                if client and (n := len(REQUEST_LINE.findall(data))):
+                    requests[0] += n  # before it is forwarded: exact once the answer is back
+                    await asyncio.sleep(delay_ms / 1e3)  # what follows waits behind it
+                dst.write(data)
+                await dst.drain()
 
-    listener = socket.create_server(("127.0.0.1", 0))
-    print(listener.getsockname()[1], flush=True)
-    while True:
-        client, _ = listener.accept()
-        server = socket.create_connection(("127.0.0.1", target_port))
-        threading.Thread(target=_pipe, args=(client, server, count), daemon=True).start()
-        threading.Thread(target=_pipe, args=(server, client, None), daemon=True).start()
+    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", target_port)
+        except OSError:  # sqld is down: say so at once
+            client_w.close()
+            return
+        pumps = {
+            asyncio.create_task(pump(client_r, server_w, True)),
+            asyncio.create_task(pump(server_r, client_w, False)),
+        }
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)  # HTTP: no half-close
+        client_w.close()
+        server_w.close()
+        for task in pumps:
+            task.cancel()
+
+    def answer() -> None:
+        for _ in sys.stdin:
+            print(requests[0], flush=True)
+        os._exit(0)
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, backlog=512)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        threading.Thread(target=answer, daemon=True).start()
+        await server.serve_forever()
+
+    asyncio.run(main())
 
 
 class Proxy:
-    def __init__(self, target_port: int, workdir: Path) -> None:
-        self.counter = workdir / "requests"
-        self.counter.write_text("0")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.remote",
-                "--proxy",
-                str(target_port),
-                str(self.counter),
-            ],
-            cwd=Path(__file__).resolve().parent.parent,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+    """A proxy process in front of a local port: its URL and its request count."""
+
+    def __init__(self, target_port: int, delay_ms: float) -> None:
+        self.delay_ms = delay_ms
+        args = ["-m", "benchmarks.remote", "--proxy", str(target_port), "--delay-ms", str(delay_ms)]
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdin=pipe, stdout=pipe)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in, self._out = self.proc.stdin, self.proc.stdout
+        self.url = f"http://127.0.0.1:{int(self._out.readline())}"
 
     def requests(self) -> int:
-        return int(self.counter.read_text() or 0)
-
-    def per_call(self, fn: Callable[[], Any], calls: int) -> float:
-        before = self.requests()
-        for _ in range(calls):
-            fn()
-        return (self.requests() - before) / calls
+        self._in.write(b"\n")
+        self._in.flush()
+        return int(self._out.readline())
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        self._in.close()  # the proxy exits
+        self.proc.wait(timeout=5)
+        self._out.close()
 
 
-# --- the workload ---
+class Report:
+    """The rows of the table, by section; each row is also written to the JSON as is."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.section = ""
+
+    def add(self, name: str, shown: str, target: str = "", met: object = None, **data: Any) -> None:
+        row = {"section": self.section, "label": name, "shown": shown}
+        self.rows.append(row | ({"target": target, "met": met} if target else {}) | data)
+
+    def print(self) -> None:
+        for title in dict.fromkeys(row["section"] for row in self.rows):
+            rows = [row for row in self.rows if row["section"] == title]
+            label = max(len(row["label"]) for row in rows)
+            shown = max(len(row["shown"]) for row in rows)
+            print(f"\n{title}")
+            for row in rows:
+                line = f"  {row['label']:<{label}}  {row['shown']:<{shown}}"
+                if "target" in row:
+                    line += f"  target {row['target']}  {'ok' if row['met'] else 'MISSED'}"
+                print(line.rstrip())
 
 
-def committer(store: LibsqlStore, eid: str) -> Callable[[], Any]:
+@contextlib.contextmanager
+def section(report: Report, title: str, srv: SqldServer) -> Iterator[None]:
+    """Rows added within belong to `title`; an error ends the run, naming the section."""
+    report.section = title
+    print(title, flush=True)
+    try:
+        yield
+    except Exception as exc:
+        state = f"running (pid {srv.pid})" if srv.running else "not running"
+        raise RuntimeError(f"section {title!r} failed (sqld is {state}): {exc!r}") from exc
+
+
+def commit_args(eid: str, n: int) -> dict[str, Any]:
+    """The arguments of an execution's commit n, after ``exe``."""
+    return {
+        "emits": [(None, Event(name="tick", id=f"{eid}-out-{n}"))],
+        "processed_event_id": f"{eid}-in-{n}",
+        "timers": [TimerOp.schedule("t", float(n))],
+        "trace": {"n": n},
+    }
+
+
+def committer(store: Store, eid: str, read: bool = False) -> Callable[[], None]:
+    """The store's commit on one execution; with `read`, the worker's next read too, which
+    must see it (the dedupe marker)."""
     exe = store.load(eid) or Execution(id=eid, definition_id="bench")
-    n = 0
 
     def commit() -> None:
-        nonlocal n
-        n += 1
-        store.commit(
-            exe,
-            [(None, Event(name="tick", id=f"{eid}-out-{n}"))],
-            processed_event_id=f"{eid}-in-{n}",
-            timers=[TimerOp.schedule("t", float(n))],
-            trace={"n": n},
-        )
+        n = exe.version + 1
+        store.commit(exe, **commit_args(eid, n))
+        if read and not store.load_for_event(eid, f"{eid}-in-{n}")[1]:
+            raise AssertionError(f"the read after commit {n} of {eid} did not see it")
 
     return commit
 
 
-def median_ms(fn: Callable[[], Any], calls: int) -> float:
-    fn()  # warm
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000
+def bare(conn: Any, name: str, *params: Any) -> Any:
+    """One statement of queries.sql on a bare libsql connection."""
+    return conn.execute(QUERIES[name].sql, QUERIES[name].bind(params))
 
 
-# --- event-loop lag of the async twin ---
+def bare_seen(conn: Any, eid: str, event_id: str) -> bool:
+    data, seen = bare(conn, "load_for_event", eid, event_id).fetchone()
+    return data is not None and bool(seen)
 
-TICK = 0.001
+
+def bare_committer(conn: Any, eid: str, read: bool = False) -> Callable[[], None]:
+    """`committer` on a bare libsql connection, a statement at a time, as the store did."""
+    exe = Execution(id=eid, definition_id="bench")
+
+    def commit() -> None:
+        old = exe.version
+        n = exe.version = old + 1
+        data = exe.model_dump_json()
+        summary = (exe.status, exe.outcome, exe.active_path, exe.parent_id, exe.finished_at)
+        bare(conn, "begin")
+        if old == 0:
+            bare(conn, "insert_execution", eid, exe.definition_id, data, n, *summary)
+        elif bare(conn, "update_execution", eid, data, n, old, *summary).rowcount != 1:
+            raise AssertionError(f"the CAS of {eid} failed")
+        bare(conn, "insert_outbox", None, Event(name="tick", id=f"{eid}-out-{n}").model_dump_json())
+        bare(conn, "mark_processed", eid, f"{eid}-in-{n}")
+        bare(conn, "schedule_timer", eid, "t", float(n))
+        (idx,) = bare(conn, "append_trace", eid, json.dumps({"n": n})).fetchone()
+        if idx >= DEFAULT_TRACE_MAX:
+            bare(conn, "trim_trace", eid, DEFAULT_TRACE_MAX)
+        conn.commit()
+        if read and not bare_seen(conn, eid, f"{eid}-in-{n}"):
+            raise AssertionError(f"the read after commit {n} of {eid} did not see it")
+
+    return commit
 
 
-async def ticked(work: Callable[[], Awaitable[Any]]) -> tuple[list[float], float]:
-    """Await work() while a task sleeps TICK in a loop: how late each wake-up was, and the
-    seconds work() took."""
+def bare_request(client: httpx.Client, url: str) -> Callable[[], object]:
+    """One ``POST /v3/pipeline`` of ``SELECT 1`` (and the stream's close): one round trip."""
+    select = {"type": "execute", "stmt": {"sql": "SELECT 1", "want_rows": True}}
+    body = json.dumps({"baton": None, "requests": [select, {"type": "close"}]}).encode()
+    return lambda: client.post(url + "/v3/pipeline", content=body).raise_for_status()
+
+
+def medians(ops: dict[str, tuple[Callable[[], object], int]], rounds: int = 5) -> dict[str, float]:
+    """The median seconds of a call of each op (fn, calls), the ops interleaved in rounds so
+    that a drift of the machine weighs on all of them alike."""
+    samples: dict[str, list[float]] = {label: [] for label in ops}
+    for fn, _ in ops.values():
+        fn()  # warm
+    for _ in range(rounds):
+        for label, (fn, calls) in ops.items():
+            for _ in range(max(1, calls // rounds)):
+                start = time.perf_counter()
+                fn()
+                samples[label].append(time.perf_counter() - start)
+    return {label: statistics.median(times) for label, times in samples.items()}
+
+
+async def ticked(work: Awaitable[object]) -> list[float]:
+    """Await work while a task sleeps TICK in a loop: how late each of its wake-ups was."""
     delays: list[float] = []
     done = asyncio.Event()
 
@@ -169,166 +266,254 @@ async def ticked(work: Callable[[], Awaitable[Any]]) -> tuple[list[float], float
             delays.append(time.perf_counter() - start - TICK)
 
     task = asyncio.create_task(ticker())
-    await asyncio.sleep(0.01)
-    start = time.perf_counter()
-    await work()
-    took = time.perf_counter() - start
-    done.set()
-    await task
-    return delays, took
+    try:
+        await work
+    finally:
+        done.set()
+        await task
+    return delays
 
 
-def spread(delays: list[float]) -> tuple[float, float, float]:
-    """p50, p99 and max, in ms."""
-    cuts = statistics.quantiles(delays, n=100, method="inclusive")
-    return cuts[49] * 1e3, cuts[98] * 1e3, max(delays) * 1e3
+def spread(delays: list[float]) -> tuple[float, float]:
+    """p99 and max, in ms."""
+    return statistics.quantiles(delays, n=100, method="inclusive")[98] * 1e3, max(delays) * 1e3
 
 
-async def async_commits(
-    store: AsyncLibsqlStore, eid: str, calls: int
-) -> tuple[tuple[float, float, float], float]:
-    """The ticker's delays (p50, p99, max ms) while `calls` commits are awaited through the
-    twin, one after another, and the mean ms of one awaited commit."""
-    exe = await store.load(eid) or Execution(id=eid, definition_id="bench")
+@dataclass
+class Run:
+    tasks: int
+    returned: Counter[str]  # commits that returned, by execution (the first ones too)
+    commits: int  # timed ones
+    seconds: float
+    cpu: float  # of this process, meanwhile
+    slowest: float  # seconds of the slowest commit
+    requests: int  # that the link counted, meanwhile
+    delays: list[float]  # the ticker's
 
-    async def commits() -> None:
-        for n in range(1, calls + 1):
-            await store.commit(
-                exe,
-                [(None, Event(name="tick", id=f"{eid}-out-{n}"))],
-                processed_event_id=f"{eid}-in-{n}",
-                timers=[TimerOp.schedule("t", float(n))],
-                trace={"n": n},
+
+async def commit_run(
+    store: AsyncLibsqlStore, prefix: str, tasks: int, seconds: float, link: Proxy | None = None
+) -> Run:
+    """`tasks` tasks, each committing to an execution of its own, one commit after another,
+    for `seconds`, with the ticker on. A failed commit ends the run."""
+    exes = [Execution(id=f"{prefix}-{i}", definition_id="bench") for i in range(tasks)]
+    returned: Counter[str] = Counter()
+    slowest = 0.0
+
+    async def commit(exe: Execution) -> None:
+        nonlocal slowest
+        start = time.perf_counter()
+        await store.commit(exe, **commit_args(exe.id, exe.version + 1))
+        slowest = max(slowest, time.perf_counter() - start)
+        returned[exe.id] += 1
+
+    async def worker(exe: Execution) -> None:
+        while time.perf_counter() < deadline:
+            await commit(exe)
+
+    await asyncio.gather(*(commit(exe) for exe in exes))  # warm: the rows, the connections
+    first, slowest = returned.total(), 0.0
+    before = await asyncio.to_thread(link.requests) if link else 0
+    cpu, start = time.process_time(), time.perf_counter()
+    deadline = start + seconds
+    delays = await ticked(asyncio.gather(*(worker(exe) for exe in exes)))
+    took, cpu = time.perf_counter() - start, time.process_time() - cpu
+    requests = await asyncio.to_thread(link.requests) - before if link else 0
+    return Run(tasks, returned, returned.total() - first, took, cpu, slowest, requests, delays)
+
+
+@dataclass
+class Plan:
+    counts: int  # calls of each operation counted
+    calls: int  # timed calls of each operation of section 2 (a fifth of the driver's commit)
+    run_s: float  # seconds of each run of section 3 (half that of the other runs of section 4)
+
+
+QUICK, FULL = Plan(counts=10, calls=40, run_s=1.5), Plan(counts=20, calls=120, run_s=4.0)
+BARE = "one bare request (POST /v3/pipeline, SELECT 1)"
+MOST = {BARE: 1, "remote: commit": 1, "remote: load": 1, "remote: load_for_event": 1}
+MOST |= {"replica: commit + next load_for_event": 3, "replica: load": 0}
+
+
+def operations(
+    stack: contextlib.ExitStack, url: str, tmp: Path, token: str, ids: str
+) -> dict[str, Callable[[], object]]:
+    """Each operation of sections 1 and 2 through the proxy at url, by label; the names of
+    the executions and files they write start with `ids`."""
+    remote = stack.enter_context(LibsqlStore(url, auth_token=token))
+    rep = stack.enter_context(LibsqlStore(tmp / f"{ids}.db", sync_url=url, auth_token=token))
+    conn = libsql.connect(url, auth_token=token)
+    stack.callback(conn.close)
+    conn_rep = libsql.connect(str(tmp / f"{ids}-bare.db"), sync_url=url, auth_token=token)
+    stack.callback(conn_rep.close)
+    conn_rep.sync()
+    client = stack.enter_context(httpx.Client(headers={"Authorization": f"Bearer {token}"}))
+    committer(remote, f"{ids}r")()  # the row the reads find
+    return {
+        BARE: bare_request(client, url),
+        "remote: commit": committer(remote, f"{ids}r"),
+        "remote: load": lambda: remote.load(f"{ids}r"),
+        "remote: load_for_event": lambda: remote.load_for_event(f"{ids}r", "x"),
+        "replica: commit + next load_for_event": committer(rep, f"{ids}p", read=True),
+        "replica: load": lambda: rep.load(f"{ids}p"),
+        "replica: sync() with nothing new": rep.sync,
+        "libsql driver, remote: SELECT 1": lambda: conn.execute("SELECT 1").fetchall(),
+        "libsql driver, remote: commit": bare_committer(conn, f"{ids}b"),
+        "libsql driver, remote: load_for_event": lambda: bare_seen(conn, f"{ids}b", "x"),
+        "libsql driver, replica: commit + next read": bare_committer(conn_rep, f"{ids}bp", True),
+    }
+
+
+def count_requests(report: Report, plan: Plan, count: Proxy, tmp: Path, token: str) -> None:
+    with contextlib.ExitStack() as stack:
+        for label, fn in operations(stack, count.url, tmp, token, "c").items():
+            fn()  # warm: a first connection, a first sync
+            before = count.requests()
+            for _ in range(plan.counts):
+                fn()
+            n = (count.requests() - before) / plan.counts
+            most = MOST.get(label)
+            target = "" if most is None else f"<= {most}"
+            report.add(label, f"{n:.1f}", target, most is not None and n <= most, requests=n)
+
+
+def latency(report: Report, plan: Plan, link: Proxy, tmp: Path, token: str) -> None:
+    with contextlib.ExitStack() as stack:
+        fns = operations(stack, link.url, tmp, token, "l")
+        timed = [
+            BARE,
+            "remote: commit",
+            "remote: load_for_event",
+            "replica: commit + next load_for_event",
+        ]
+        ops = {label: (fns[label], plan.calls) for label in timed}
+        slow = "libsql driver, remote: commit"
+        ops[slow] = (fns[slow], plan.calls // 5)
+        results = medians(ops)
+    for label, seconds in results.items():
+        ratio = seconds / results[BARE]
+        target = "<= 1.2x" if label == "remote: commit" else ""
+        shown = f"{seconds * 1e3:7.2f} ms {ratio:6.2f}x"
+        report.add(label, shown, target, ratio <= 1.2, ms=seconds * 1e3)
+
+
+INTEGRITY = """
+SELECT e.id, e.version,
+    (SELECT COUNT(*) FROM harel_processed_events AS p WHERE p.execution_id = e.id),
+    (SELECT COUNT(*) FROM harel_trace AS t WHERE t.execution_id = e.id)
+FROM harel_executions AS e WHERE e.id LIKE 'tp%'
+"""
+
+
+async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, tmp: Path) -> None:
+    on_link = f"{link.delay_ms:g} ms link"
+    runs: dict[str, Run] = {}
+    with section(report, f"3. AsyncLibsqlStore on the remote primary, {on_link}", srv):
+        for tasks in (1, 32):
+            store = await AsyncLibsqlStore.create(link.url, auth_token=srv.token, timeout=TIMEOUT)
+            async with store:
+                run = await commit_run(store, f"tp{tasks}", tasks, plan.run_s, link)
+            label = f"{tasks} task" + "s" * (tasks > 1)
+            runs[f"remote, {on_link}, {label}"] = run
+            rate = run.commits / run.seconds
+            report.add(
+                f"commits/s, {label}",
+                f"{rate:.1f}/s ({run.commits} commits in {run.requests} requests,"
+                f" slowest {run.slowest * 1e3:.0f} ms, client CPU {run.cpu / run.seconds:.0%})",
+                **{k: v for k, v in asdict(run).items() if k not in ("returned", "delays")},
             )
+        one, many = runs.values()
+        ratio = many.commits / many.seconds / (one.commits / one.seconds)
+        report.add("32 tasks / 1 task", f"{ratio:.1f}x", ">= 10x", ratio >= 10, ratio=ratio)
+        returned = one.returned + many.returned
+        want = {eid: (n, n, min(n, DEFAULT_TRACE_MAX)) for eid, n in returned.items()}
+        found = {row[0]: tuple(row[1:]) for row in srv.rows(INTEGRITY)}
+        bad = sorted(eid for eid in want.keys() | found.keys() if want.get(eid) != found.get(eid))
+        shown = f"{len(bad)} of {len(want)} disagree" + (f": {', '.join(bad[:5])}" if bad else "")
+        report.add("version = commits returned = markers = steps", shown, "0", not bad, bad=bad)
 
-    await store.commit(exe, [], processed_event_id=f"{eid}-warm")
-    delays, took = await ticked(commits)
-    await store.close()
-    return spread(delays), took / calls * 1e3
+    with section(report, "4. Event-loop lag: a 1 ms ticker's delay, p99 and max / idle", srv):
+        idle = spread(await ticked(asyncio.sleep(plan.run_s / 4)))
+        report.add("idle", f"p99 {idle[0]:6.3f} ms, max {idle[1]:6.3f} ms", p99_ms=idle[0])
+        remote = {"auth_token": srv.token, "timeout": TIMEOUT}
+        lag_stores: dict[str, tuple[Path | str, dict[str, Any] | None]] = {
+            "remote, direct": (srv.url, remote),
+            "replica, direct": (tmp / "lag-replica.db", {"sync_url": srv.url, **remote}),
+            "file, libsql": (tmp / "lag-libsql.db", {}),
+            "file, sqlite3 (the twin's thread wrapper)": (tmp / "lag-sqlite.db", None),
+        }
+        for n, (label, (database, options)) in enumerate(lag_stores.items()):
+            if options is None:
+                store = AsyncLibsqlStore(SqliteStore(database))
+            else:
+                store = await AsyncLibsqlStore.create(database, **options)
+            async with store:
+                runs[label] = await commit_run(store, f"lag{n}", 1, plan.run_s / 2)
+        targeted = (f"remote, {on_link}, 1 task", "remote, direct")  # one commit at a time
+        for label, run in runs.items():
+            p99, worst = spread(run.delays)
+            ms = run.tasks * run.seconds / run.commits * 1e3
+            report.add(
+                label,
+                f"p99 {p99:6.3f} ms {p99 / idle[0]:4.1f}x, max {worst:6.3f} ms"
+                f" {worst / idle[1]:4.1f}x; a commit {ms:.2f} ms",
+                "p99 <= 2x idle" if label in targeted else "",
+                p99 <= 2 * idle[0],
+                p99_ms=p99,
+                max_ms=worst,
+                commit_ms=ms,
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--proxy", nargs=2, metavar=("PORT", "COUNTER"), help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="the link's delay a request")
+    parser.add_argument("--proxy", type=int, metavar="PORT", help="only run a proxy to PORT")
     args = parser.parse_args()
-    if args.proxy:
-        run_proxy(int(args.proxy[0]), Path(args.proxy[1]))
-        return
-    calls = 50 if args.quick else 200
-    with tempfile.TemporaryDirectory() as tmp, SqldServer(Path(tmp) / "sqld", auth=True) as srv:
-        token = srv.token
-        LibsqlStore(srv.url, auth_token=token, migrate=True).close()
-        proxy = Proxy(srv.port or 0, Path(tmp))
-        try:
-            rows: list[tuple[str, str]] = []
-            # Round trips, through the proxy.
-            bare = libsql.connect(proxy.url, auth_token=token)
-            remote = LibsqlStore(proxy.url, auth_token=token)
-            rep = LibsqlStore(Path(tmp) / "counted.db", sync_url=proxy.url, auth_token=token)
-            committer(remote, "warm")()
-            committer(rep, "warm-r")()
-            counted = {
-                "SELECT 1 on a bare connection": lambda: bare.execute("SELECT 1").fetchall(),
-                "commit, remote": committer(remote, "count-r"),
-                "commit, replica": committer(rep, "count-p"),
-                "load, remote": lambda: remote.load("count-r"),
-                "load_for_event, remote": lambda: remote.load_for_event("count-r", "x"),
-                "load, replica": lambda: rep.load("count-p"),
-                "replica sync() with nothing new": rep.sync,
-            }
-            for label, fn in counted.items():
-                fn()
-                rows.append((f"HTTP requests: {label}", f"{proxy.per_call(fn, 10):.1f}"))
-            for closable in (bare, remote, rep):
-                closable.close()
-
-            # Latency, directly.
-            bare = libsql.connect(srv.url, auth_token=token)
-            remote = LibsqlStore(srv.url, auth_token=token)
-            rep = LibsqlStore(Path(tmp) / "timed.db", sync_url=srv.url, auth_token=token)
-            select1 = median_ms(lambda: bare.execute("SELECT 1").fetchall(), calls)
-            timed = {
-                "commit, remote": median_ms(committer(remote, "time-r"), calls),
-                "commit, replica": median_ms(committer(rep, "time-p"), calls),
-                "load, remote (primary)": median_ms(lambda: remote.load("time-r"), calls),
-                "load, replica (local)": median_ms(lambda: rep.load("time-p"), calls),
-            }
-            rows.append(("SELECT 1 round trip (ms)", f"{select1:.3f}"))
-            for label, ms in timed.items():
-                rows.append((f"{label} (ms) / SELECT 1", f"{ms:.3f} / {ms / select1:.2f}x"))
-            rows.append(
-                (
-                    "load: replica / primary",
-                    f"{timed['load, replica (local)'] / timed['load, remote (primary)']:.3f}",
-                )
-            )
-            for closable in (bare, remote, rep):
-                closable.close()
-
-            # Event-loop lag while commits are awaited through the async twin (more commits
-            # on a local file, where one takes ~1 ms, so that each run gets enough ticks).
-            async def lag_runs() -> tuple[
-                list[float], dict[str, tuple[tuple[float, float, float], float]]
-            ]:
-                idle, _ = await ticked(lambda: asyncio.sleep(0.5))
-                runs = {
-                    "remote": await async_commits(
-                        await AsyncLibsqlStore.create(srv.url, auth_token=token), "lag-r", calls
-                    ),
-                    "replica": await async_commits(
-                        await AsyncLibsqlStore.create(
-                            Path(tmp) / "lag.db", sync_url=srv.url, auth_token=token
-                        ),
-                        "lag-p",
-                        calls,
-                    ),
-                    "file, libsql": await async_commits(
-                        await AsyncLibsqlStore.create(Path(tmp) / "lag-libsql.db"),
-                        "lag-f",
-                        calls * 5,
-                    ),
-                    # The twin's own wrapper (a lock and asyncio.to_thread) around sqlite3.
-                    "file, sqlite3": await async_commits(
-                        AsyncLibsqlStore(SqliteStore(Path(tmp) / "lag-sqlite.db")),  # type: ignore[arg-type]
-                        "lag-s",
-                        calls * 5,
-                    ),
-                }
-                more, _ = await ticked(lambda: asyncio.sleep(0.5))
-                return idle + more, runs
-
-            idle_delays, runs = asyncio.run(lag_runs())
-            idle = spread(idle_delays)
-            rows.append(
-                (
-                    "loop lag idle: 1 ms ticker delay p50 / p99 / max (ms)",
-                    " / ".join(f"{ms:.3f}" for ms in idle),
-                )
-            )
-            for label, (lag, commit_ms) in runs.items():
-                rows.append(
-                    (
-                        f"loop lag, {label}: p50 / p99 / max (ms), x idle",
-                        " / ".join(f"{ms:.3f}" for ms in lag)
-                        + ", "
-                        + " / ".join(
-                            f"{ms / base:.1f}x" for ms, base in zip(lag, idle, strict=True)
-                        ),
-                    )
-                )
-                rows.append(
-                    (
-                        f"loop lag, {label}: max / mean awaited commit (ms)",
-                        f"{lag[2]:.3f} / {commit_ms:.3f} = {lag[2] / commit_ms:.2f}",
-                    )
-                )
-            rows.append(("GIL switch interval (ms)", f"{sys.getswitchinterval() * 1e3:.1f}"))
-        finally:
-            proxy.close()
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"{label:<{width}}  {value}")
+    if args.proxy is not None:
+        return run_proxy(args.proxy, args.delay_ms)
+    plan = QUICK if args.quick else FULL
+    started = time.time()
+    report = Report()
+    failed: BaseException | None = None
+    try:
+        with (
+            tempfile.TemporaryDirectory() as name,
+            SqldServer(Path(name) / "sqld", auth=True) as srv,
+            contextlib.ExitStack() as stack,
+        ):
+            tmp, port = Path(name), srv.port or 0
+            LibsqlStore(srv.url, auth_token=srv.token, migrate=True).close()
+            count = stack.enter_context(contextlib.closing(Proxy(port, 0.0)))
+            link = stack.enter_context(contextlib.closing(Proxy(port, args.delay_ms)))
+            with section(report, "1. HTTP requests per operation (counting proxy, no delay)", srv):
+                count_requests(report, plan, count, tmp, srv.token)
+            title = f"2. Latency on the {args.delay_ms:g} ms link, median / one bare request"
+            with section(report, title, srv):
+                latency(report, plan, link, tmp, srv.token)
+            asyncio.run(async_part(report, plan, srv, link, tmp))
+    except BaseException as exc:  # what was measured is still printed and written
+        failed = exc
+    report.print()
+    out = ROOT / "benchmarks" / "results" / f"remote-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    meta = {
+        "delay_ms": args.delay_ms,
+        "plan": asdict(plan),
+        "seconds": round(time.time() - started, 1),
+        "error": None if failed is None else repr(failed),
+        "sqld": SQLD_VERSION,
+        "libsql": importlib.metadata.version("libsql"),
+        "httpx": httpx.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "writes_in_flight": WRITES_IN_FLIGHT,
+    }
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": report.rows}, indent=2) + "\n")
+    print(f"\n{out.relative_to(ROOT)} ({meta['seconds']} s)")
+    if failed is not None:
+        raise failed
 
 
 if __name__ == "__main__":
