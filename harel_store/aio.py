@@ -113,7 +113,10 @@ class AsyncLibsqlStore:
         if self._remote is not None:
             return await adrive(self._remote.aexecute, plan)
         async with self._lock:
-            task, cancelled = await settle(asyncio.to_thread(self._s._run, plan))
+            # run_in_executor rather than to_thread: a future, not a coroutine to wrap in a
+            # task (~25 us less a call); the store's code reads no context variables.
+            worker = asyncio.get_running_loop().run_in_executor(None, self._s._run, plan)
+            task, cancelled = await settle(worker)
         if cancelled is not None:
             if not task.cancelled():
                 task.exception()  # retrieved: the cancellation is what the caller gets

@@ -1,0 +1,81 @@
+"""Instructions per commit on an in-memory store, counted by valgrind's callgrind: unlike
+wall time on a shared machine, the count repeats to a fraction of a percent, so a change of
+a few percent in the write path shows. Not a test.
+
+    python -m benchmarks.instructions                 # this tree against HEAD~1
+    python -m benchmarks.instructions --against REV   # this tree against another revision
+
+Each figure is (instructions of 400 commits - instructions of 100 commits) / 300, so start-up
+and imports cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer
+schedule and (with trace) one trace step. The other revision is exported with ``git
+archive`` into a temporary folder and run with the same interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+COMMITS = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+os.environ.setdefault("RUST_LOG", "off")
+from harel_store import Event, Execution, LibsqlStore, SqliteStore, TimerOp
+store = {"libsql": LibsqlStore, "sqlite": SqliteStore}[sys.argv[2]](":memory:")
+trace, n = sys.argv[3] == "trace", int(sys.argv[4])
+exes = [Execution(id=f"e{i}", definition_id="d", active_path="a", context={"k": "x" * 40})
+        for i in range(100)]
+for exe in exes:
+    store.save(exe)
+events = [Event(name="tick") for _ in range(n)]
+timers = [[TimerOp.schedule("main", 1e9 + i)] for i in range(n)]
+for i in range(n):
+    exe = exes[i % 100]
+    store.commit(exe, [(exe.id, events[i])], processed_event_id=f"in-{i}", timers=timers[i],
+                 trace={"state": "a"} if trace else None)
+"""
+
+
+def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".out") as out:
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
+             sys.executable, "-c", COMMITS, str(tree), driver, trace, str(commits)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        totals = re.search(r"^(?:summary|totals): (\d+)", Path(out.name).read_text(), re.M)
+    assert totals is not None, "callgrind wrote no totals"
+    return int(totals[1])
+
+
+def per_commit(tree: Path, driver: str, trace: str) -> float:
+    return (instructions(tree, driver, trace, 400) - instructions(tree, driver, trace, 100)) / 300
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", default="HEAD~1", metavar="REV")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "archive", args.against], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        print(f"instructions per commit, in memory: this tree / {args.against}")
+        for driver in ("sqlite", "libsql"):
+            for trace in ("trace", "no-trace"):
+                new, old = per_commit(ROOT, driver, trace), per_commit(Path(tmp), driver, trace)
+                label = f"{driver} {trace}"
+                print(f"  {label:<16} {new:>9,.0f} / {old:>9,.0f} = {new / old:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RUST_LOG", "off")
+    main()
