@@ -16,6 +16,7 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
+from tests.conftest import KINDS
 from tests.helpers import raw
 
 
@@ -464,17 +465,7 @@ def test_a_closed_store_says_so_and_closes_once(store: Any) -> None:
             call()
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "libsql-file",
-        "sqlite-file",
-        "async-libsql-file",
-        "libsql-remote",
-        "libsql-replica",
-        "async-libsql-remote",
-    ],
-)
+@pytest.mark.parametrize("kind", [k for k in KINDS if not k.endswith("-memory")])
 def test_reopen_after_close_keeps_what_was_committed(open_store: Any) -> None:
     store = open_store()
     exe = new()
