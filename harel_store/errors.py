@@ -51,9 +51,9 @@ def scrub(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def translate(exc: BaseException | str, secrets: tuple[str, ...] = ()) -> StoreError:
-    """Turn a driver's error (or a server's error text) into the store's own, never
-    repeating a secret it may quote."""
+def translate(exc: BaseException, secrets: tuple[str, ...] = ()) -> StoreError:
+    """Turn a driver's or a server's error into the store's own, never repeating a secret
+    it may quote."""
     text = scrub(str(exc) or type(exc).__name__, secrets)
     if _AUTH.search(text):
         return StoreError(f"authentication failed: the server refused the auth token ({text})")

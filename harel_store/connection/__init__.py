@@ -107,4 +107,5 @@ def open_sqlite(
     database: str | Path, *, synchronous: str = "FULL", busy_timeout: float = 5.0
 ) -> LocalConnection:
     """The connection ``SqliteStore`` takes: a local file over the stdlib's sqlite3."""
+    check_local_options(synchronous, busy_timeout)
     return open_file(database, driver="sqlite", synchronous=synchronous, busy_timeout=busy_timeout)

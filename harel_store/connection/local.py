@@ -15,7 +15,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from harel_store.batch import Batch, Conflicted, Request, statement
+from harel_store.batch import Batch, Conflicted, Request, shape, statement
 from harel_store.checks import check_finite
 from harel_store.errors import StoreError, translate
 from harel_store.sql import Query
@@ -72,15 +72,9 @@ class LocalConnection:
 
     @staticmethod
     def _result(query: Query, cur: Cursor) -> Any:
-        kind = query.kind
-        if kind == "!":
+        if query.kind == "!":
             return cur.rowcount
-        if kind == "^":
-            return cur.fetchone()
-        if kind == "$":
-            row = cur.fetchone()
-            return None if row is None else row[0]
-        return cur.fetchall()
+        return shape(query.kind, cur.fetchall(), 0)
 
     def _batch(self, batch: Batch) -> list[Any]:
         self._execute(*_BEGIN)
@@ -179,8 +173,8 @@ def open_file(
     synchronous: str,
     busy_timeout: float,
 ) -> LocalConnection:
-    """A local database file (or ``:memory:``) with WAL, a busy timeout and ``synchronous``."""
-    check_local_options(synchronous, busy_timeout)
+    """A local database file (or ``:memory:``) with WAL, a busy timeout and ``synchronous``
+    (checked by the caller: `check_local_options`)."""
     try:
         if driver == "libsql":
             db = import_libsql().connect(str(database), _check_same_thread=False)
