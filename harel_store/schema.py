@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from harel_store.sql import QUERIES, SQL_DIR
 
 Schema = dict[str, dict[str, Any]]
-"""Table name -> {"columns": [...], "indexes": {...}, "foreign_keys": [...]}; views and
+"""Table name -> {"without_rowid": bool, "columns": [...], "indexes": {...},
+"foreign_keys": [...]}; views and
 triggers sit under the keys ``"view <name>"`` / ``"trigger <name>"`` with their ``sql``."""
 
 Run = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
@@ -46,9 +47,10 @@ def _runner(db: _Executes | Run) -> Run:
 def describe(db: _Executes | Run) -> Schema:
     """The schema of a database as plain, comparable data (see ``Schema``).
 
-    Ignores SQLite's own tables and ``alembic_version``. Column order, declared types
-    (upper-cased), NOT NULL, defaults, primary-key position and hidden/generated flags are
-    kept; indexes by name with their columns, uniqueness, origin and partial ``WHERE``.
+    Ignores SQLite's own tables and ``alembic_version``. Whether a table is WITHOUT ROWID,
+    column order, declared types (upper-cased), NOT NULL, defaults, primary-key position and
+    hidden/generated flags are kept; indexes by name with their columns, uniqueness, origin
+    and partial ``WHERE``.
     """
     run = _runner(db)
 
@@ -56,7 +58,7 @@ def describe(db: _Executes | Run) -> Schema:
         return list(run(QUERIES[name].sql, QUERIES[name].bind(params)))
 
     schema: Schema = {}
-    for (table,) in q("schema_tables"):
+    for table, without_rowid in q("schema_tables"):
         columns = [
             {
                 "name": name,
@@ -96,7 +98,12 @@ def describe(db: _Executes | Run) -> Schema:
                 "schema_foreign_keys", table
             )
         ]
-        schema[table] = {"columns": columns, "indexes": indexes, "foreign_keys": foreign_keys}
+        schema[table] = {
+            "without_rowid": bool(without_rowid),
+            "columns": columns,
+            "indexes": indexes,
+            "foreign_keys": foreign_keys,
+        }
     for kind, name, sql in q("schema_others"):
         schema[f"{kind} {name}"] = {"sql": _normalize(sql or "")}
     return schema
@@ -169,6 +176,12 @@ def _diff_table(
     table: str, want: dict[str, Any], got: dict[str, Any], expected_name: str, actual_name: str
 ) -> list[str]:
     lines: list[str] = []
+    if want["without_rowid"] != got["without_rowid"]:
+        kind = {True: "a WITHOUT ROWID table", False: "a rowid table"}
+        lines.append(
+            f"{table}: {kind[want['without_rowid']]} in {expected_name}, "
+            f"{kind[got['without_rowid']]} in {actual_name}"
+        )
     want_cols = {c["name"]: c for c in want["columns"]}
     got_cols = {c["name"]: c for c in got["columns"]}
     for name, col in want_cols.items():

@@ -271,9 +271,11 @@ FROM harel_definitions WHERE definition_id = ? AND version = ?;
 -- Operator queries (harel-store CLI)
 
 -- name: schema_tables
--- The store's tables: SQLite's own and Alembic's bookkeeping are not part of the schema.
-SELECT name FROM sqlite_master
-WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name <> 'alembic_version'
+-- The store's tables and whether each is WITHOUT ROWID: SQLite's own and Alembic's
+-- bookkeeping are not part of the schema.
+SELECT name, wr FROM pragma_table_list
+WHERE schema = 'main' AND type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\'
+  AND name <> 'alembic_version'
 ORDER BY name;
 
 -- name: schema_columns

@@ -35,14 +35,14 @@ CREATE TABLE harel_processed_events (
     execution_id TEXT NOT NULL,
     event_id TEXT NOT NULL,
     PRIMARY KEY (execution_id, event_id)
-);
+) WITHOUT ROWID;
 
 CREATE TABLE harel_timers (
     execution_id TEXT NOT NULL,
     path TEXT NOT NULL,
     fire_at REAL NOT NULL,
     PRIMARY KEY (execution_id, path)
-);
+) WITHOUT ROWID;
 
 CREATE INDEX harel_timers_fire_at ON harel_timers (fire_at);
 
@@ -61,7 +61,7 @@ CREATE TABLE harel_trace (
     idx INTEGER NOT NULL,
     entry TEXT NOT NULL,
     PRIMARY KEY (execution_id, idx)
-);
+) WITHOUT ROWID;
 
 CREATE TABLE harel_definitions (
     definition_id TEXT NOT NULL,

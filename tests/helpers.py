@@ -54,3 +54,37 @@ def raw(store: Any) -> Any:
 
     token = primary._secrets[0] if primary._secrets else ""
     return libsql.connect(primary.url, auth_token=token)
+
+
+# Rows of the three tables migration 0003 rebuilds, as a database at 0002 holds them.
+ROWS_0003: dict[str, list[tuple[Any, ...]]] = {
+    "harel_processed_events": [("a", "ev-1"), ("a", "ev-2"), ("b", "ev-1")],
+    "harel_timers": [("a", "t1", 10.5), ("b", "t1", 2.25), ("b", "t2", 1e9)],
+    "harel_trace": [("a", 0, '{"s":0}'), ("a", 1, '{"s":1}'), ("b", 7, '{"s":7}')],
+}
+
+
+def stage_0003(conn: Any) -> None:
+    """Write ROWS_0003 through a DB-API connection (sqlite3 or libsql) and commit."""
+    for table, rows in ROWS_0003.items():
+        for row in rows:
+            marks = ", ".join("?" * len(row))
+            conn.execute(f"INSERT INTO {table} VALUES ({marks})", row)
+    conn.commit()
+
+
+def rows_0003(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
+    """What the tables of ROWS_0003 hold, in primary-key order."""
+    return {
+        table: [tuple(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()]
+        for table in ROWS_0003
+    }
+
+
+def check_0003_rows(store: Any) -> None:
+    """The store reads the rows staged by stage_0003 after migrating them."""
+    assert store.due_timers(11.0) == [("b", "t1", 2.25), ("a", "t1", 10.5)]
+    assert store.is_processed("a", "ev-2") and not store.is_processed("b", "ev-2")
+    assert store.read_trace("a") == [{"s": 0, "index": 0}, {"s": 1, "index": 1}]
+    store.append_trace("b", {"s": 8})  # the ring goes on from the last index it holds
+    assert store.read_trace("b") == [{"s": 7, "index": 7}, {"s": 8, "index": 8}]

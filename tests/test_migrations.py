@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from harel_store import LibsqlStore, SchemaError, SqliteStore
 from harel_store.schema import describe, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
-from tests.helpers import ALEMBIC
+from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, rows_0003, stage_0003
 
 ROOT = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -91,6 +91,39 @@ def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
         alembic("-x", f"url={db}", "downgrade", "-1")
         alembic("-x", f"url={db}", "upgrade", m.revision)
     assert schema_of(db) == head_schema()
+
+
+def test_each_downgrade_restores_the_schema_before_it(tmp_path: Path) -> None:
+    db = tmp_path / "d.db"
+    alembic("-x", f"url={db}", "upgrade", "head")
+    for m in reversed(MIGRATIONS[1:]):
+        alembic("-x", f"url={db}", "downgrade", "-1")
+        built = tmp_path / f"built-{m.down_revision}.db"
+        alembic("-x", f"url={built}", "upgrade", str(m.down_revision))
+        assert schema_of(db) == schema_of(built), m.name
+
+
+def test_0003_rebuilds_its_tables_keeping_every_row_up_and_down(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    alembic("-x", f"url={db}", "upgrade", "0002")
+    with closing(sqlite3.connect(db)) as conn:
+        stage_0003(conn)
+    with LibsqlStore(db) as store:  # the store's own migration path
+        assert store.schema_revision == HEAD
+        check_0003_rows(store)
+    assert schema_of(db) == head_schema()
+    with closing(sqlite3.connect(db)) as conn:
+        kinds = dict(conn.execute("SELECT name, wr FROM pragma_table_list").fetchall())
+        assert all(kinds[table] == 1 for table in ROWS_0003)
+        conn.execute("DELETE FROM harel_trace WHERE idx = 8")
+        conn.commit()
+        migrated = rows_0003(conn)
+    assert migrated == {table: sorted(rows) for table, rows in ROWS_0003.items()}
+    alembic("-x", f"url={db}", "downgrade", "0002")
+    with closing(sqlite3.connect(db)) as conn:
+        assert rows_0003(conn) == migrated
+        kinds = dict(conn.execute("SELECT name, wr FROM pragma_table_list").fetchall())
+        assert all(kinds[table] == 0 for table in ROWS_0003)
 
 
 def test_upgrade_sql_prints_a_reviewable_script() -> None:

@@ -84,7 +84,7 @@ def test_every_listing_seeks_its_own_index(conn: Any, name: str) -> None:
 
 def test_the_timer_sweep_seeks_by_fire_at(conn: Any) -> None:
     assert _plan(conn, "due_timers") == [
-        "SEARCH harel_timers USING INDEX harel_timers_fire_at (fire_at<?)"
+        "SEARCH harel_timers USING COVERING INDEX harel_timers_fire_at (fire_at<?)"
     ]
 
 

@@ -32,7 +32,7 @@ from harel_store import (
 )
 from harel_store.sql import HEAD, MIGRATIONS
 from tests.conftest import reset_remote
-from tests.helpers import ALEMBIC
+from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, rows_0003, stage_0003
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
@@ -149,6 +149,35 @@ def test_alembic_upgrades_downgrades_and_reupgrades_the_server(own_server: SqldS
         assert store.schema_revision == HEAD
         step(store, Execution(id="a", definition_id="d"), 1)
         assert store.load("a").version == 1  # type: ignore[union-attr]
+
+
+def test_the_store_migrates_a_server_through_0003_keeping_every_row(
+    own_server: SqldServer,
+) -> None:
+    """0003 rebuilds three tables (create, copy, drop, rename) in the one batch of its
+    migration; on sqld, rows and all."""
+    import libsql
+
+    alembic(own_server, "upgrade", "0002")
+    conn = libsql.connect(own_server.url, auth_token=own_server.token)
+    try:
+        stage_0003(conn)
+    finally:
+        conn.close()
+    with LibsqlStore(own_server.url, auth_token=own_server.token, migrate=True) as store:
+        assert store.schema_revision == HEAD
+        check_0003_rows(store)
+    kinds = dict(own_server.rows("SELECT name, wr FROM pragma_table_list"))
+    assert all(kinds[table] == 1 for table in ROWS_0003)
+    alembic(own_server, "downgrade", "0002")
+    conn = libsql.connect(own_server.url, auth_token=own_server.token)
+    try:
+        rows = rows_0003(conn)
+    finally:
+        conn.close()
+    staged = {table: sorted(rows) for table, rows in ROWS_0003.items()}
+    staged["harel_trace"].append(("b", 8, '{"s":8}'))
+    assert rows == staged
 
 
 # --- 3. embedded replicas: own writes at once, others after sync or the interval ---
