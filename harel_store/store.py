@@ -10,6 +10,7 @@ remote primary.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -49,6 +50,8 @@ DEFAULT_TRACE_MAX = 200
 MAX_PAGE = 1000
 # What an execution owns besides its row (purge_<name> in queries.sql).
 COMPANIONS = ("processed", "trace", "timers", "outbox", "spawns")
+# How many executions' stored summaries a store remembers to pick its CAS write's shape.
+REMEMBERED = 10_000
 
 T = TypeVar("T")
 
@@ -83,6 +86,10 @@ class Store:
     ) -> None:
         self._conn = connection
         self.trace_max = trace_max
+        # Execution id -> (version, status, parent_id) as last loaded or written here, the
+        # oldest forgotten first. Only a hint: the CAS write checks what it leaves unwritten.
+        self._stored: dict[str, tuple[int, str, str | None]] = {}
+        self._stored_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._conn.where!r})"
@@ -183,11 +190,11 @@ class Store:
             summary = (exe.status, exe.outcome, exe.active_path, exe.parent_id, exe.finished_at)
             batch = Batch()
             if old == 0:  # new: no row may exist yet
-                batch.guard(
-                    "insert_execution", exe.id, exe.definition_id, data, exe.version, *summary
-                )
+                cas = "insert_execution"
+                batch.guard(cas, exe.id, exe.definition_id, data, exe.version, *summary)
             else:
-                batch.guard("update_execution", exe.id, data, exe.version, old, *summary)
+                cas = self._cas_shape(exe, old)
+                batch.guard(cas, exe.id, data, exe.version, old, *summary)
             batch.on_conflict("execution_version", exe.id)
             for target, event in outbox:
                 batch.add("insert_outbox", target, event)
@@ -202,14 +209,46 @@ class Store:
                     batch.add("cancel_timer", exe.id, op.path)
             if trace_json is not None:
                 self._add_trace(batch, exe.id, trace_json)
-            results = yield batch
+            try:
+                results = yield batch
+            except Conflicted as conflict:
+                if conflict.found != old or cas in ("insert_execution", "update_execution"):
+                    raise
+                # The row is at the expected version but its summary is not the one this
+                # store remembered (purged and made anew elsewhere, say): write all of it.
+                batch.steps[0] = statement(
+                    "update_execution", exe.id, data, exe.version, old, *summary
+                )
+                results = yield batch
         except Conflicted as conflict:
             exe.version = old
             raise StoreConflict(exe.id, expected=old, found=conflict.found) from None
         except BaseException:
             exe.version = old
             raise
+        self._remember(exe)
         return list(results[1 : 1 + len(outbox)])
+
+    def _cas_shape(self, exe: Execution, old: int) -> str:
+        """The CAS write (a query of queries.sql) that names only the indexed summary
+        columns ``exe`` changes from the stored version ``old``, as far as this store knows."""
+        with self._stored_lock:
+            known = self._stored.get(exe.id)
+        if known is None or known[0] != old or known[2] != exe.parent_id:
+            return "update_execution"
+        return "update_execution_data" if known[1] == exe.status else "update_execution_status"
+
+    def _remember(self, exe: Execution) -> None:
+        with self._stored_lock:
+            self._stored.pop(exe.id, None)  # re-inserted last: the most recently used
+            self._stored[exe.id] = (exe.version, exe.status, exe.parent_id)
+            if len(self._stored) > REMEMBERED:
+                del self._stored[next(iter(self._stored))]
+
+    def _forget(self, execution_ids: Iterable[str]) -> None:
+        with self._stored_lock:
+            for execution_id in execution_ids:
+                self._stored.pop(execution_id, None)
 
     def _add_trace(self, batch: Batch, execution_id: str, entry: str) -> None:
         index = batch.add("append_trace", execution_id, entry)
@@ -272,6 +311,7 @@ class Store:
         for name in COMPANIONS:
             batch.add(f"purge_{name}", execution_id)
         deleted, *_ = yield batch
+        self._forget([execution_id])
         return bool(deleted)
 
     def publish_definition(self, record: DefinitionRecord) -> DefinitionRecord:
@@ -296,14 +336,15 @@ class Store:
 
     # --- reads ---
 
-    @staticmethod
-    def _execution(execution_id: str, data: str) -> Execution:
+    def _execution(self, execution_id: str, data: str) -> Execution:
         try:
-            return Execution.model_validate_json(data)
+            exe = Execution.model_validate_json(data)
         except ValidationError as exc:
             raise StoreError(
                 f"execution {execution_id!r} has a corrupt stored record: {exc}"
             ) from exc
+        self._remember(exe)
+        return exe
 
     def load(self, execution_id: str) -> Execution | None:
         """The execution stored under ``execution_id``, or None."""
@@ -569,6 +610,7 @@ class Store:
                 yield batch
             except Conflicted:
                 continue
+            self._forget(s.id for s in tree)
             return [s.id for s in tree]
 
 

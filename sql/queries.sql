@@ -62,13 +62,32 @@ INSERT INTO harel_executions
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
 ON CONFLICT (id) DO NOTHING;
 
--- name: update_execution!
 -- The version CAS: exactly one writer moves a row from version ?4 to ?3, with its summary
--- columns (?5..?9 as in insert_execution).
+-- columns (?5..?9 as in insert_execution). SQLite rewrites an index's entry whenever the
+-- SET list names one of its columns, even to the value it has, so the CAS comes in three
+-- shapes and the store picks the one that names only what changed. A column left out of
+-- SET is checked in WHERE to hold the new value already: a wrong guess about the stored
+-- summary changes no row (read as a conflict the store retries with update_execution),
+-- never a stale summary beside new data.
+
+-- name: update_execution!
+-- Every summary column: for a row whose stored summary the store does not know.
 UPDATE harel_executions
 SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, parent_id = ?8,
     finished_at = ?9
 WHERE id = ?1 AND version = ?4;
+
+-- name: update_execution_data!
+-- status and parent_id unchanged (the common commit): no index entry is rewritten.
+UPDATE harel_executions
+SET data = ?2, version = ?3, outcome = ?6, active_path = ?7, finished_at = ?9
+WHERE id = ?1 AND version = ?4 AND status IS ?5 AND parent_id IS ?8;
+
+-- name: update_execution_status!
+-- status changed, parent_id unchanged: the status indexes are rewritten, the parent's not.
+UPDATE harel_executions
+SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, finished_at = ?9
+WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 
 -- name: execution_version$
 SELECT version FROM harel_executions WHERE id = ?;

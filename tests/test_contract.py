@@ -87,6 +87,78 @@ def test_an_execution_ahead_of_a_missing_row_conflicts(store: Any) -> None:
     assert store.load("exe-1") is None
 
 
+# --- the CAS write names only the summary columns that change ---
+
+
+def summaries_mirror_data(store: Any) -> None:
+    """Every row's summary columns hold what its JSON says."""
+    rows = raw(store).execute(
+        "SELECT id, status, outcome, active_path, parent_id, finished_at, "
+        "json_extract(data, '$.status'), json_extract(data, '$.outcome'), "
+        "json_extract(data, '$.active_path'), json_extract(data, '$.parent_id'), "
+        "json_extract(data, '$.finished_at') FROM harel_executions"
+    )
+    for row in rows.fetchall():
+        assert tuple(row[1:6]) == tuple(row[6:]), row[0]
+
+
+def test_status_and_parent_changes_reach_the_listings(store: Any) -> None:
+    exe, child = new("a"), new("b", parent_id="a")
+    store.save(exe)
+    store.save(child)
+    for i in range(3):  # typical steps: nothing an index covers changes
+        exe.active_path = f"s{i}"
+        store.save(exe)
+    assert ids(store.list_executions(status="running")) == ["a", "b"]
+    assert ids(store.list_executions(roots_only=True)) == ["a"]
+    exe.status, exe.finished_at = "finished", 5.0
+    store.save(exe)
+    assert ids(store.list_executions(status="running")) == ["b"]
+    assert ids(store.list_executions(status="finished", roots_only=True)) == ["a"]
+    assert ids(store.list_executions(definition_id="order", status="finished")) == ["a"]
+    loaded = store.load("b")  # what a load tells the store serves the next write
+    loaded.parent_id = None
+    store.save(loaded)
+    assert store.children_of("a") == []
+    assert ids(store.list_executions(roots_only=True)) == ["a", "b"]
+    loaded.status, loaded.parent_id = "failed", "a"  # both at once
+    store.save(loaded)
+    assert [s.id for s in store.children_of("a")] == ["b"]
+    assert ids(store.list_executions(status="failed")) == ["b"]
+    assert ids(store.list_executions(roots_only=True)) == ["a"]
+    stale = loaded.model_copy()
+    loaded.status = "running"
+    store.save(loaded)
+    with pytest.raises(StoreConflict) as info:  # still the version CAS, whatever the shape
+        store.save(stale)
+    assert (info.value.expected, info.value.found) == (3, 4)
+    assert ids(store.list_executions(status="running")) == ["b"]
+    summaries_mirror_data(store)
+
+
+def test_a_summary_changed_behind_the_stores_back_is_written_whole(store: Any) -> None:
+    """The store remembers the summary it last wrote, but does not trust it: here the row
+    changed at the same version elsewhere (purged and made anew, say), so the write that
+    would leave status and parent_id alone finds them different, and the whole row is
+    written instead, not a conflict and not a stale summary beside new data."""
+    exe = new("a")
+    store.save(exe)
+    conn = raw(store)
+    conn.execute(
+        "UPDATE harel_executions SET status = 'failed', parent_id = 'p', "
+        "data = json_set(data, '$.status', 'failed', '$.parent_id', 'p') WHERE id = 'a'"
+    )
+    conn.commit()
+    exe.active_path = "next"
+    store.save(exe)
+    assert exe.version == 2
+    assert store.load("a") == exe
+    assert ids(store.list_executions(status="running", roots_only=True)) == ["a"]
+    assert ids(store.list_executions(status="failed")) == []
+    assert store.children_of("p") == []
+    summaries_mirror_data(store)
+
+
 # --- commit: one transaction ---
 
 

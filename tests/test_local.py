@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,40 @@ def test_a_file_written_by_one_driver_is_read_by_the_other(
         store.commit(exe, [])
     with writer(tmp_path / "c.db") as store:
         assert store.load("x").version == 2
+
+
+def test_the_cas_write_names_only_the_indexed_columns_that_change(tmp_path: Path) -> None:
+    """SQLite rewrites an index entry whenever its column is named in SET, so a typical
+    step's UPDATE leaves status and parent_id out; a change still names them. Seen in the
+    statements SQLite runs (sqlite3's trace callback)."""
+    store = SqliteStore(tmp_path / "s.db")
+    ran: list[str] = []
+    store._conn.db.set_trace_callback(ran.append)  # type: ignore[attr-defined]
+
+    def set_list(exe: Execution) -> set[str]:
+        ran.clear()
+        store.save(exe)
+        [update] = [s for s in ran if s.startswith("UPDATE harel_executions")]
+        return set(re.findall(r"(?:\bSET|,)\s+(\w+) = ", update.rsplit("WHERE", 1)[0]))
+
+    exe = Execution(id="a", definition_id="d")
+    store.save(exe)
+    summary = {"data", "version", "outcome", "active_path", "finished_at"}
+    exe.active_path = "s1"
+    assert set_list(exe) == summary  # the typical step
+    exe.status = "finished"
+    assert set_list(exe) == summary | {"status"}
+    exe.parent_id = "p"
+    assert set_list(exe) == summary | {"status", "parent_id"}  # the rare change: all of it
+    assert set_list(exe) == summary
+    loaded = store.load("a")
+    assert loaded is not None
+    assert set_list(loaded) == summary  # a load tells the store the row's summary too
+    other = SqliteStore(tmp_path / "s.db")  # knows nothing of the row: writes all of it
+    other._conn.db.set_trace_callback(ran.append)  # type: ignore[attr-defined]
+    ran.clear()
+    other.save(loaded)
+    [update] = [s for s in ran if s.startswith("UPDATE harel_executions")]
+    assert "status = 'finished'" in update and "parent_id = 'p'" in update
+    other.close()
+    store.close()
