@@ -1,7 +1,14 @@
-"""harel-store benchmarks: every figure is a ratio against a baseline measured in this run.
+"""harel-store benchmarks: figures are ratios against a baseline measured in this run.
 
     python -m benchmarks.run            # full: 1k / 100k / 1M executions, longer commit runs
-    python -m benchmarks.run --quick    # the same figures, fewer repetitions (~2 minutes)
+    python -m benchmarks.run --quick    # the same figures, fewer repetitions
+
+Sections: commits (the store against the same statements on a bare connection); WAL pages
+per typical commit (the store, and a bare connection with the previous write shape -- schema
+0002, every summary column in the CAS update's SET -- and with the new one: a count of pages,
+not a ratio, the machine does not change it); commit time of the new shape against the
+previous one on a bare connection; listing and timer-sweep latency at 1k / 100k / 1M
+executions; the async twin; peak RSS.
 
 Prints a table and writes JSON to ``benchmarks/results/<timestamp>.json``. Not a test: the
 numbers depend on the machine and its load; the ratios are what to compare across machines.
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -22,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +83,7 @@ def bare_connection(driver: str, database: str, synchronous: str) -> Any:
 
 
 POOL = 100  # executions the commits cycle through
+STEP = {"state": "main.wait", "event": "tick"}  # the trace step of every benchmark commit
 
 
 def executions() -> list[Execution]:
@@ -88,17 +98,25 @@ def executions() -> list[Execution]:
     ]
 
 
+_FIRE_AT = itertools.count()
+
+
+def fire_times(n: int) -> list[float]:
+    """Timer times never used before in this process: each commit re-arms its timer to a new
+    time, as the engine does (SQLite does not write a row rewritten to what it holds)."""
+    return [1e9 + next(_FIRE_AT) for _ in range(n)]
+
+
 def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
     exes = executions()
     for exe in exes:
         store.save(exe)
     # What the engine hands over is built before the clock starts, as for the floor.
     events = [Event(name="tick", payload={"n": i}) for i in range(n)]
-    timers = [[TimerOp.schedule("main.wait", 1e9 + i)] for i in range(n)]
-    step = {"state": "main.wait", "event": "tick"}
 
     def run() -> float:
         ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]  # fresh dedupe markers
+        timers = [[TimerOp.schedule("main.wait", at)] for at in fire_times(n)]
         t0 = time.perf_counter()
         for i in range(n):
             exe = exes[i % POOL]
@@ -107,15 +125,39 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
                 [(exe.id, events[i])],
                 processed_event_id=ids[i],
                 timers=timers[i],
-                trace=step if trace else None,
+                trace=STEP if trace else None,
             )
         return (time.perf_counter() - t0) / n
 
     return run
 
 
-def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
-    """The statements one commit issues (queries.sql), parameters prepared in advance."""
+# A commit's write shape: the schema it runs on (scripts of sql/, in order) and its CAS update.
+SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
+    # Revision 0002: markers, timers and trace as rowid tables; every summary column in SET
+    # (all of harel_executions' index entries rewritten).
+    "previous": (
+        ("migrations/0001_initial.up.sql", "migrations/0002_hot_read_indexes.up.sql"),
+        "update_execution",
+    ),
+    # Head (0003, WITHOUT ROWID); status and parent_id checked in WHERE, not SET: what the
+    # store issues for a typical commit.
+    "new": (("schema.sql",), "update_execution_data"),
+}
+
+
+def create_schema(conn: Any, shape: str) -> None:
+    for script in SHAPES[shape][0]:
+        for stmt in split_statements((SQL_DIR / script).read_text(encoding="utf-8")):
+            conn.execute(stmt, ())
+    conn.commit()
+
+
+def floor_commits(conn: Any, n: int, trace: bool, shape: str = "new") -> Callable[[], float]:
+    """The statements one commit issues (queries.sql), parameters prepared in advance, on a
+    fresh schema of ``shape`` (SHAPES) with its CAS update."""
+    create_schema(conn, shape)
+    update = SHAPES[shape][1]
     sql = {name: query.sql for name, query in QUERIES.items()}
     bind = {name: query.bind for name, query in QUERIES.items()}
     exes = executions()
@@ -131,25 +173,23 @@ def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
         versions[i] = 1
     conn.commit()
     events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
-    step = json.dumps({"state": "main.wait", "event": "tick"}, separators=(",", ":"))
+    step = json.dumps(STEP, separators=(",", ":"))
 
     def run() -> float:
         ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
+        fire = fire_times(n)
         t0 = time.perf_counter()
         for i in range(n):
             k = i % POOL
             eid = exes[k].id
             conn.execute(sql["begin"], bind["begin"](()))
             v = versions[k]
-            cur = conn.execute(
-                sql["update_execution"],
-                bind["update_execution"]((eid, payloads[k], v + 1, v, *summary)),
-            )
+            cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
             assert cur.rowcount == 1
             versions[k] = v + 1
             conn.execute(sql["insert_outbox"], bind["insert_outbox"]((eid, events[i]))).fetchone()
             conn.execute(sql["mark_processed"], bind["mark_processed"]((eid, ids[i])))
-            conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", 1e9 + i)))
+            conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
             if trace:
                 (idx,) = conn.execute(
                     sql["append_trace"], bind["append_trace"]((eid, step))
@@ -160,6 +200,24 @@ def floor_commits(conn: Any, n: int, trace: bool) -> Callable[[], float]:
         return (time.perf_counter() - t0) / n
 
     return run
+
+
+FILL_TRACE = """
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?)
+INSERT INTO harel_trace (execution_id, idx, entry)
+SELECT e.id, seq.n, ? FROM harel_executions AS e, seq
+"""
+
+
+def fill_trace_rings(database: Path) -> None:
+    """Every execution's trace ring full, before its first step: each commit then trims one.
+    Another connection, so the same for any driver and for the store."""
+    conn = sqlite3.connect(database, isolation_level=None)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # bench_wal's WAL must not restart
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(FILL_TRACE, (DEFAULT_TRACE_MAX, json.dumps(STEP, separators=(",", ":"))))
+    conn.execute("COMMIT")
+    conn.close()
 
 
 def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
@@ -174,8 +232,6 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
                 db_f = ":memory:" if place == "memory" else str(tmp / f"f-{tag.replace('/', '-')}")
                 store = DRIVERS[driver](db_s, synchronous=sync)
                 conn = bare_connection(driver, db_f, sync)
-                for stmt in split_statements((SQL_DIR / "schema.sql").read_text()):
-                    conn.execute(stmt, ())
                 # FULL syncs every commit: fewer of them keep the run short.
                 m = max(50, n // 10) if sync == "FULL" and place == "file" else n
                 s_run, f_run = store_commits(store, m, trace), floor_commits(conn, m, trace)
@@ -209,6 +265,148 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
                 per_commit[tag] / per_commit[other],
                 "<= 1.20" if "NORMAL" in tag else "",
             )
+
+
+# --- the write shape: previous (0002, all summary columns in SET) against new (head) ---
+
+WAL_COMMITS = 60
+RING_FULL = (False, True)  # the trace rings as a young execution's, then full (every step trims)
+
+
+def table_kinds(database: Path) -> dict[str, int]:
+    """The store's tables and whether each is WITHOUT ROWID."""
+    conn = sqlite3.connect(database)
+    rows = conn.execute(
+        "SELECT name, wr FROM pragma_table_list WHERE schema = 'main' AND name LIKE 'harel%'"
+    ).fetchall()
+    conn.close()
+    return dict(rows)
+
+
+def wal_pages(database: Path, run: Callable[[], float]) -> tuple[float, int, dict[int, int]]:
+    """WAL frames (pages) one ``run`` of WAL_COMMITS commits appends: per commit, in all, and
+    how many commits wrote each number of pages. A reader keeps a snapshot open meanwhile, so
+    the WAL cannot restart from its beginning."""
+    reader = sqlite3.connect(database, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM harel_executions").fetchone()
+    (page,) = reader.execute("PRAGMA page_size").fetchone()
+    wal = Path(f"{database}-wal")
+    before, header = wal.stat().st_size, wal.read_bytes()[:32]
+    run()
+    frames, rest = divmod(wal.stat().st_size - before, page + 24)
+    # A WAL written over from its start (after a complete checkpoint) has new salts.
+    assert rest == 0 and wal.read_bytes()[:32] == header, (rest, "the WAL restarted")
+    reader.execute("ROLLBACK")
+    reader.close()
+    # Each frame's header: its page number, then the database size (nonzero: a commit's last).
+    wal_bytes = wal.read_bytes()[before:]
+    sizes: Counter[int] = Counter()
+    pages = 0
+    for offset in range(0, len(wal_bytes), page + 24):
+        pages += 1
+        if int.from_bytes(wal_bytes[offset + 4 : offset + 8], "big"):
+            sizes[pages] += 1
+            pages = 0
+    assert sum(sizes.values()) == WAL_COMMITS and not pages, (sizes, pages)
+    return frames / WAL_COMMITS, frames, dict(sorted(sizes.items()))
+
+
+def bench_wal(report: Report, tmp: Path) -> None:
+    print(f"WAL pages per typical commit ({WAL_COMMITS} commits, WAL held by a reader)", flush=True)
+    for ring_full in RING_FULL:
+        suffix = " (trace ring full)" if ring_full else ""
+        pages: dict[str, tuple[float, int, dict[int, int]]] = {}
+        kinds: dict[str, dict[str, int]] = {}
+        for who in ("store", "previous", "new"):
+            db = tmp / f"wal-{who}{'-ring' if ring_full else ''}.db"
+            close: Callable[[], None]
+            if who == "store":
+                store = SqliteStore(db, synchronous="NORMAL")
+                store._conn.db.execute("PRAGMA wal_autocheckpoint = 0")  # type: ignore[attr-defined]
+                run, close = store_commits(store, WAL_COMMITS, trace=True), store.close
+            else:
+                conn = bare_connection("sqlite", str(db), "NORMAL")
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
+                run, close = floor_commits(conn, WAL_COMMITS, trace=True, shape=who), conn.close
+            if ring_full:
+                fill_trace_rings(db)
+            run()  # warm up: each execution measured next has its marker, timer and trace
+            pages[who] = wal_pages(db, run)
+            close()
+            kinds[who] = table_kinds(db)
+        assert kinds["store"] == kinds["new"] != kinds["previous"], kinds
+        figure = "WAL frames appended per typical commit (a page count, not a ratio): "
+        report.add(
+            f"wal pages/commit store{suffix}",
+            figure + "SqliteStore at head, synchronous NORMAL",
+            pages["store"][0],
+            "" if ring_full else "<= 8",
+            frames=pages["store"][1],
+            commits=WAL_COMMITS,
+            commits_by_pages=pages["store"][2],
+        )
+        for shape in ("previous", "new"):
+            schema, update = SHAPES[shape]
+            report.add(
+                f"wal pages/commit bare {shape} shape{suffix}",
+                figure + f"bare sqlite3, {' + '.join(schema)}, {update}",
+                pages[shape][0],
+                frames=pages[shape][1],
+                commits=WAL_COMMITS,
+                commits_by_pages=pages[shape][2],
+            )
+        report.add(
+            f"wal pages new/previous shape{suffix}",
+            "WAL pages per typical commit, new shape / previous shape, bare sqlite3",
+            pages["new"][0] / pages["previous"][0],
+            pages={who: round(p[0], 3) for who, p in pages.items()},
+        )
+
+
+def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
+    print("commit time: new shape / previous shape, bare connection, same commit", flush=True)
+    for ring_full in RING_FULL:
+        for sync in ("NORMAL", "FULL"):
+            for driver in DRIVERS:
+                tag = f"{driver}/file/{sync}" + ("/ring-full" if ring_full else "")
+                # FULL syncs every commit: fewer of them keep the run short (but long enough
+                # to even out the syncs' jitter; more rounds than bench_commits for the same).
+                # A young trace ring must not fill up over the warm-up and the rounds.
+                m = min(n // 2 if sync == "FULL" else n, POOL * (DEFAULT_TRACE_MAX // (rounds + 1)))
+                conns: dict[str, Any] = {}
+                runs: dict[str, Callable[[], float]] = {}
+                for shape in SHAPES:
+                    db = tmp / f"shape-{shape}-{tag.replace('/', '-')}.db"
+                    conns[shape] = bare_connection(driver, str(db), sync)
+                    runs[shape] = floor_commits(conns[shape], m, trace=True, shape=shape)
+                    if ring_full:
+                        fill_trace_rings(db)
+                    runs[shape]()  # warm up
+                times: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+                for r in range(rounds):
+                    for shape in list(SHAPES)[:: 1 if r % 2 == 0 else -1]:
+                        times[shape].append(runs[shape]())
+                for conn in conns.values():
+                    conn.close()
+                new, previous = best(times["new"]), best(times["previous"])
+                paired = [a / b for a, b in zip(times["new"], times["previous"], strict=True)]
+                # Targets on sqlite3 only: libsql's costlier statement calls dilute the ratio
+                # and its FULL rows spread wider between runs (0.75 - 1.0 here).
+                target = ""
+                if driver == "sqlite" and not ring_full:
+                    target = "<= 0.75" if sync == "NORMAL" else "<= 0.90"
+                report.add(
+                    f"commit new/previous shape {tag}",
+                    "bare connection, time per typical commit: new shape / previous shape",
+                    new / previous,
+                    target,
+                    new_us=round(new * 1e6, 1),
+                    previous_us=round(previous * 1e6, 1),
+                    commits=m,
+                    # a cross-check on noise: the ratio of each round's two adjacent runs
+                    median_round_ratio=round(statistics.median(paired), 4),
+                )
 
 
 # --- datasets for the read benchmarks, built with bulk SQL ---
@@ -473,7 +671,7 @@ def bench_memory(report: Report, paths: dict[int, Path]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (~2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
     parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
@@ -486,6 +684,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="harel-bench-"))
     try:
         bench_commits(report, tmp, commits, rounds)
+        bench_wal(report, tmp)
+        bench_shape(report, tmp, commits, 11)  # the ratio of two close times: more rounds
         paths = bench_reads(report, tmp, sizes, iterations, 3 if args.quick else 5)
         bench_async(report, tmp, commits)
         bench_memory(report, {sizes[0]: paths[sizes[0]], sizes[-1]: paths[sizes[-1]]})
