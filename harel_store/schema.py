@@ -58,7 +58,10 @@ def describe(db: _Executes | Run) -> Schema:
         return list(run(QUERIES[name].sql, QUERIES[name].bind(params)))
 
     schema: Schema = {}
-    for table, without_rowid in q("schema_tables"):
+    for table, create in q("schema_tables"):
+        # Table options follow the column list's closing bracket: "... ) WITHOUT ROWID".
+        options = (create or "").rsplit(")", 1)[-1]
+        without_rowid = re.search(r"\bWITHOUT\s+ROWID\b", options, re.IGNORECASE) is not None
         columns = [
             {
                 "name": name,
@@ -99,7 +102,7 @@ def describe(db: _Executes | Run) -> Schema:
             )
         ]
         schema[table] = {
-            "without_rowid": bool(without_rowid),
+            "without_rowid": without_rowid,
             "columns": columns,
             "indexes": indexes,
             "foreign_keys": foreign_keys,

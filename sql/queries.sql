@@ -290,11 +290,11 @@ FROM harel_definitions WHERE definition_id = ? AND version = ?;
 -- Operator queries (harel-store CLI)
 
 -- name: schema_tables
--- The store's tables and whether each is WITHOUT ROWID: SQLite's own and Alembic's
+-- The store's tables with their CREATE statement (its tail tells a WITHOUT ROWID table; the
+-- pragma that says so, table_list, needs SQLite 3.37): SQLite's own and Alembic's
 -- bookkeeping are not part of the schema.
-SELECT name, wr FROM pragma_table_list
-WHERE schema = 'main' AND type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\'
-  AND name <> 'alembic_version'
+SELECT name, sql FROM sqlite_master
+WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name <> 'alembic_version'
 ORDER BY name;
 
 -- name: schema_columns

@@ -444,3 +444,4 @@ def test_describe_and_diff_see_through_layout_but_not_meaning() -> None:
     assert diff(schema(f"{keyed} WITHOUT ROWID;"), schema(f"{keyed};")) == [
         "k: a WITHOUT ROWID table in head, a rowid table in database"
     ]
+    assert diff(schema(f"{keyed} WITHOUT ROWID;"), schema(f"{keyed}\n  without\n rowid;")) == []
