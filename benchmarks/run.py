@@ -42,6 +42,7 @@ if __package__ in (None, ""):  # `python benchmarks/run.py` as well as `python -
 import libsql
 
 from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
+from harel_store.schema import describe
 from harel_store.sql import QUERIES, SQL_DIR, split_statements
 from harel_store.store import DEFAULT_TRACE_MAX, Store
 
@@ -273,14 +274,13 @@ WAL_COMMITS = 60
 RING_FULL = (False, True)  # the trace rings as a young execution's, then full (every step trims)
 
 
-def table_kinds(database: Path) -> dict[str, int]:
+def table_kinds(database: Path) -> dict[str, bool]:
     """The store's tables and whether each is WITHOUT ROWID."""
     conn = sqlite3.connect(database)
-    rows = conn.execute(
-        "SELECT name, wr FROM pragma_table_list WHERE schema = 'main' AND name LIKE 'harel%'"
-    ).fetchall()
-    conn.close()
-    return dict(rows)
+    try:
+        return {table: info["without_rowid"] for table, info in describe(conn).items()}
+    finally:
+        conn.close()
 
 
 def wal_pages(database: Path, run: Callable[[], float]) -> tuple[float, int, dict[int, int]]:
@@ -317,7 +317,7 @@ def bench_wal(report: Report, tmp: Path) -> None:
     for ring_full in RING_FULL:
         suffix = " (trace ring full)" if ring_full else ""
         pages: dict[str, tuple[float, int, dict[int, int]]] = {}
-        kinds: dict[str, dict[str, int]] = {}
+        kinds: dict[str, dict[str, bool]] = {}
         for who in ("store", "previous", "new"):
             db = tmp / f"wal-{who}{'-ring' if ring_full else ''}.db"
             close: Callable[[], None]

@@ -194,7 +194,8 @@ class Store:
                 batch.guard(cas, exe.id, exe.definition_id, data, exe.version, *summary)
             else:
                 cas = self._cas_shape(exe, old)
-                batch.guard(cas, exe.id, data, exe.version, old, *summary)
+                update = (exe.id, data, exe.version, old, *summary)
+                batch.guard(cas, *update)
             batch.on_conflict("execution_version", exe.id)
             for target, event in outbox:
                 batch.add("insert_outbox", target, event)
@@ -216,9 +217,7 @@ class Store:
                     raise
                 # The row is at the expected version but its summary is not the one this
                 # store remembered (purged and made anew elsewhere, say): write all of it.
-                batch.steps[0] = statement(
-                    "update_execution", exe.id, data, exe.version, old, *summary
-                )
+                batch.steps[0] = statement("update_execution", *update)
                 results = yield batch
         except Conflicted as conflict:
             exe.version = old

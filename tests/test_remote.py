@@ -30,6 +30,7 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
+from harel_store.schema import describe
 from harel_store.sql import HEAD, MIGRATIONS
 from tests.conftest import reset_remote
 from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, rows_0003, stage_0003
@@ -167,8 +168,12 @@ def test_the_store_migrates_a_server_through_0003_keeping_every_row(
     with LibsqlStore(own_server.url, auth_token=own_server.token, migrate=True) as store:
         assert store.schema_revision == HEAD
         check_0003_rows(store)
-    kinds = dict(own_server.rows("SELECT name, wr FROM pragma_table_list"))
-    assert all(kinds[table] == 1 for table in ROWS_0003)
+    conn = libsql.connect(own_server.url, auth_token=own_server.token)
+    try:
+        tables = describe(conn)
+    finally:
+        conn.close()
+    assert all(tables[table]["without_rowid"] for table in ROWS_0003)
     alembic(own_server, "downgrade", "0002")
     conn = libsql.connect(own_server.url, auth_token=own_server.token)
     try:
