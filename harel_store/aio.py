@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harel_store.batch import Plan, adrive, settle
+from harel_store.checks import check_trace_max
 from harel_store.connection import HranaConnection, is_remote, open_libsql
 from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema
@@ -63,6 +64,7 @@ class AsyncLibsqlStore:
         migrate: bool | None = None,
     ) -> AsyncLibsqlStore:
         """Open the store as `LibsqlStore` would (a local file or a replica on a thread)."""
+        check_trace_max(trace_max)
         if sync_url is not None or not is_remote(database):
             store = await asyncio.to_thread(
                 LibsqlStore,

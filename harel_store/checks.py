@@ -7,13 +7,16 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from harel_store.errors import StoreError
-from harel_store.models import Event, Execution
+from harel_store.models import STATUSES, DefinitionRecord, Event, Execution
 
 MAX_ID_LENGTH = 512
+INT64 = range(-(2**63), 2**63)  # SQLite's INTEGER
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _T = TypeVar("_T")
 
@@ -27,13 +30,21 @@ def check_id(value: object, name: str, *, optional: bool = False) -> Any:
         raise ValueError(f"{name} must be 1 to {MAX_ID_LENGTH} characters, not {len(value)}")
     if "\x00" in value:  # SQLite TEXT ends at NUL for some drivers: a different key
         raise ValueError(f"{name} must not contain a NUL character")
+    check_text(value, name)
+    return value
+
+
+def check_text(value: str, name: str) -> str:
+    """A string UTF-8 can hold: no lone surrogate (which no database text can keep)."""
+    if not value.isascii() and _SURROGATE.search(value):
+        raise ValueError(f"{name} holds a lone surrogate, which UTF-8 cannot encode: {value!r:.80}")
     return value
 
 
 def check_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if not -(2**63) <= value < 2**63:  # SQLite's INTEGER
+    if value not in INT64:
         raise ValueError(f"{name} must fit in a signed 64-bit integer, not {value}")
     return value
 
@@ -42,15 +53,22 @@ def check_finite(value: object, name: str) -> float:
     """A time the store compares against: a real, finite number of epoch seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of epoch seconds, not {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, not {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the largest float
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, not {value!r:.40}")
+    return number
+
+
+MAX_SECONDS = 365 * 86400  # the longest timeout or interval: past it, a clock's overflow
 
 
 def check_timeout(value: object, name: str) -> float:
-    """A positive, finite number of seconds."""
-    if check_finite(value, name) <= 0:
-        raise ValueError(f"{name} must be > 0 seconds, not {value!r}")
+    """A positive number of seconds, at most a year."""
+    if not 0 < check_finite(value, name) <= MAX_SECONDS:
+        raise ValueError(f"{name} must be > 0 and at most {MAX_SECONDS} seconds, not {value!r:.40}")
     return float(value)  # type: ignore[arg-type]
 
 
@@ -58,29 +76,118 @@ def check_timeout(value: object, name: str) -> float:
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
+def check_json(value: object, name: str) -> None:
+    """A JSON value the store gives back exactly, or ValueError naming what is not.
+
+    JSON's own types only: dicts with string keys (``json`` would turn a key 1 into "1",
+    which may collide with another), lists (tuples too, read back as lists), strings,
+    ints, finite floats, bools and None; no string with a lone surrogate (UTF-8 has none).
+    """
+    try:
+        _check_json(value)
+    except RecursionError:
+        raise ValueError(f"{name} is nested too deeply to store as JSON") from None
+    except ValueError as exc:
+        raise ValueError(f"{name} is not JSON the store can give back as given: {exc}") from None
+
+
+def _check_json(value: object) -> None:
+    if isinstance(value, str):
+        if not value.isascii() and _SURROGATE.search(value):
+            raise ValueError(f"the string {value!r:.60} holds a lone surrogate")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"the key {key!r:.60} is not a string")
+            if not key.isascii() and _SURROGATE.search(key):
+                raise ValueError(f"the key {key!r:.60} holds a lone surrogate")
+            _check_json(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_json(item)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a JSON number")
+    elif value is not None and not isinstance(value, int):  # bool is an int
+        raise ValueError(f"a {type(value).__name__} is not a JSON value")
+
+
 def dumps(value: object, name: str) -> str:
-    """Compact JSON of a dict, or a clear error: no NaN, nothing unserializable, no abyss."""
+    """Compact JSON of a dict the store can give back exactly (`check_json`), or a clear
+    error."""
     if not isinstance(value, dict):
         raise TypeError(f"{name} must be a dict, not {type(value).__name__}")
+    check_json(value, name)
     try:
         return _ENCODER.encode(value)
     except RecursionError:
         raise ValueError(f"{name} is nested too deeply to store as JSON") from None
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:  # an int past Python's digit limit
         raise ValueError(f"{name} is not JSON-serializable: {exc}") from None
 
 
-def _reject_constant(token: str) -> None:
-    raise ValueError(f"{token} is not a JSON number")
+def check_execution(exe: Execution) -> None:
+    """Every field of ``exe`` as validation leaves it: ``model_construct`` skips validation,
+    and validation lets through documents JSON would not give back as given."""
+    check_id(exe.id, "execution id")
+    check_id(exe.definition_id, "execution definition_id")
+    version = check_int(exe.version, "execution version")
+    if not 0 <= version < 2**63 - 1:
+        raise ValueError(f"execution version must be 0 to 2**63 - 2, not {version}")
+    if exe.status not in STATUSES:
+        raise ValueError(f"unknown status {exe.status!r}: expected one of {', '.join(STATUSES)}")
+    for field in ("outcome", "active_path"):
+        value = getattr(exe, field)
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"execution {field} must be a string or None, not {value!r:.40}")
+            check_text(value, f"execution {field}")
+    check_id(exe.parent_id, "execution parent_id", optional=True)
+    if exe.finished_at is not None:
+        check_finite(exe.finished_at, "execution finished_at")
+    if not isinstance(exe.context, dict):
+        raise TypeError(f"execution context must be a dict, not {type(exe.context).__name__}")
+    check_json(exe.context, "execution context")
+    check_json(exe.__pydantic_extra__ or {}, "execution's extra fields")
+
+
+def check_event(event: Event, name: str) -> None:
+    """As `check_execution`, for an event."""
+    if not isinstance(event.name, str) or not 0 < len(event.name) <= MAX_ID_LENGTH:
+        raise ValueError(f"{name} name must be a string of 1 to {MAX_ID_LENGTH} characters")
+    check_text(event.name, f"{name} name")
+    check_id(event.id, f"{name} id")
+    if not isinstance(event.payload, dict):
+        raise TypeError(f"{name} payload must be a dict, not {type(event.payload).__name__}")
+    check_json(event.payload, f"{name} payload")
+    check_json(event.__pydantic_extra__ or {}, f"{name}'s extra fields")
+
+
+def check_definition(record: DefinitionRecord) -> None:
+    """As `check_execution`, for a definition record (its source is checked by `dumps`)."""
+    check_id(record.definition_id, "definition_id")
+    if check_int(record.version, "definition version") < 0:
+        raise ValueError(f"definition version must be >= 0, not {record.version}")
+    if not isinstance(record.digest, str) or not 0 < len(record.digest) <= MAX_ID_LENGTH:
+        raise ValueError(f"definition digest must be a string of 1 to {MAX_ID_LENGTH} characters")
+    check_text(record.digest, "definition digest")
+    if record.published_at is not None:
+        check_finite(record.published_at, "definition published_at")
+
+
+def check_trace_max(value: object) -> int | None:
+    """How many trace steps an execution keeps: None or 0 (every step), else a positive int."""
+    if value is None:
+        return None
+    if check_int(value, "trace_max") < 0:
+        raise ValueError(f"trace_max must be >= 0 (0 or None: keep every step), not {value}")
+    return value  # type: ignore[return-value]
 
 
 def dump_model(model: Execution | Event, name: str) -> str:
+    """The JSON of a model `check_execution` or `check_event` passed."""
     try:
-        data = model.model_dump_json()
-        # The models write NaN/Infinity as bare tokens (not null); refuse them, as dumps does.
-        if "NaN" in data or "Infinity" in data:
-            json.loads(data, parse_constant=_reject_constant)
-        return data
+        return model.model_dump_json()
     except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
         raise ValueError(f"{name} is not JSON-serializable: {exc}") from None
 

@@ -51,12 +51,22 @@ def scrub(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def translate(exc: BaseException, secrets: tuple[str, ...] = ()) -> StoreError:
+def is_driver_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a driver's failure the store translates: an Exception, or a Rust
+    panic (pyo3's PanicException is a BaseException), but never KeyboardInterrupt and kin."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def translate(exc: BaseException, secrets: tuple[str, ...] = (), *, quoted: str = "") -> StoreError:
     """Turn a driver's or a server's error into the store's own, never repeating a secret
-    it may quote."""
+    it may quote. ``quoted`` (a path the error may repeat) is not read for its meaning: a
+    file named "401" is no refused token."""
     text = scrub(str(exc) or type(exc).__name__, secrets)
-    if _AUTH.search(text):
+    meaning = text.replace(quoted, "") if quoted else text
+    if type(exc).__name__ == "PanicException":
+        return StoreError(f"the libsql driver failed (a panic): {text}")
+    if _AUTH.search(meaning):
         return StoreError(f"authentication failed: the server refused the auth token ({text})")
-    if _BUSY.search(text):
+    if _BUSY.search(meaning):
         return StoreBusy(f"database is locked by another connection past the busy timeout: {text}")
     return StoreError(text)

@@ -19,9 +19,13 @@ from pydantic import ValidationError
 
 from harel_store.batch import Batch, Conflicted, Plan, Statement, drive, statement
 from harel_store.checks import (
+    check_definition,
+    check_event,
+    check_execution,
     check_finite,
     check_id,
     check_int,
+    check_trace_max,
     decode_cursor,
     dump_model,
     dumps,
@@ -85,7 +89,7 @@ class Store:
         self, connection: Connection, *, trace_max: int | None = DEFAULT_TRACE_MAX
     ) -> None:
         self._conn = connection
-        self.trace_max = trace_max
+        self._trace_max = check_trace_max(trace_max)
         # Execution id -> (version, status, parent_id) as last loaded or written here, the
         # oldest forgotten first. Only a hint: the CAS write checks what it leaves unwritten.
         self._stored: dict[str, tuple[int, str, str | None]] = {}
@@ -102,6 +106,16 @@ class Store:
 
     def _run(self, plan: Plan[T]) -> T:
         return drive(self._conn.execute, plan)
+
+    @property
+    def trace_max(self) -> int | None:
+        """How many trace steps each execution keeps, the oldest dropped first (None or 0:
+        every step); ValueError/TypeError for anything but a non-negative int or None."""
+        return self._trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int | None) -> None:
+        self._trace_max = check_trace_max(value)
 
     @property
     def schema_revision(self) -> str | None:
@@ -150,10 +164,12 @@ class Store:
     ) -> Plan[list[int]]:
         if not isinstance(exe, Execution):
             raise TypeError(f"exe must be an Execution, not {type(exe).__name__}")
+        check_execution(exe)
         outbox = []
         for item in emits:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Event)):
                 raise TypeError(f"each emit must be a (target_id | None, Event) pair, not {item!r}")
+            check_event(item[1], "emitted event")
             outbox.append(
                 (
                     check_id(item[0], "emit target_id", optional=True),
@@ -251,8 +267,9 @@ class Store:
 
     def _add_trace(self, batch: Batch, execution_id: str, entry: str) -> None:
         index = batch.add("append_trace", execution_id, entry)
-        if self.trace_max:  # a ring not yet full has nothing to trim
-            batch.add("trim_trace", execution_id, self.trace_max, only_if=(index, self.trace_max))
+        keep = self._trace_max
+        if keep:  # a ring not yet full has nothing to trim
+            batch.add("trim_trace", execution_id, keep, only_if=(index, keep))
 
     def append_trace(self, execution_id: str, entry: dict[str, Any]) -> None:
         """Append one step to an execution's trace ring on its own (trimmed to trace_max)."""
@@ -320,6 +337,7 @@ class Store:
     def _publish_definition(self, record: DefinitionRecord) -> Plan[DefinitionRecord]:
         if not isinstance(record, DefinitionRecord):
             raise TypeError(f"record must be a DefinitionRecord, not {type(record).__name__}")
+        check_definition(record)
         batch = Batch()
         batch.add(
             "publish_definition",
@@ -640,6 +658,7 @@ class LibsqlStore(Store):
         timeout: float = 30.0,
         migrate: bool | None = None,
     ) -> None:
+        check_trace_max(trace_max)  # before anything is opened
         connection = open_libsql(
             database,
             auth_token=auth_token,
@@ -666,5 +685,6 @@ class SqliteStore(Store):
         busy_timeout: float = 5.0,
         migrate: bool = True,
     ) -> None:
+        check_trace_max(trace_max)
         connection = open_sqlite(database, synchronous=synchronous, busy_timeout=busy_timeout)
         super().__init__(checked(connection, migrate), trace_max=trace_max)

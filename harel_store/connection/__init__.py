@@ -10,15 +10,19 @@ translating its errors, and reading and applying its schema revision (`revision`
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Protocol
-
-import httpx
 
 from harel_store.batch import Request
 from harel_store.checks import check_timeout
 from harel_store.connection.hrana import HranaConnection
-from harel_store.connection.local import LocalConnection, check_local_options, open_file
+from harel_store.connection.local import (
+    LocalConnection,
+    check_database,
+    check_local_options,
+    open_file,
+)
 from harel_store.connection.replica import ReplicaConnection, open_replica
 
 __all__ = [
@@ -51,20 +55,19 @@ class Connection(Protocol):
 
 
 def is_remote(database: str | Path) -> bool:
-    return str(database).startswith(REMOTE_SCHEMES)
+    return str(database).lower().startswith(REMOTE_SCHEMES)
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 
 
 def show(database: str | Path) -> str:
-    """The database fit for messages: a URL without its query or user info (which may
-    carry a token)."""
+    """The database fit for messages: anything shaped like a URL (whatever its scheme)
+    without its user info, query or fragment, any of which may carry a token."""
     text = str(database)
-    if not is_remote(text):
+    if "://" not in text:
         return text
-    try:
-        url = httpx.URL(text)
-    except httpx.InvalidURL:
-        return text.split("?", 1)[0].split("#", 1)[0]
-    return str(url.copy_with(username=None, password=None, query=None, fragment=None))
+    return _USERINFO.sub(r"\1", text.split("#", 1)[0].split("?", 1)[0])
 
 
 def open_libsql(
@@ -78,11 +81,22 @@ def open_libsql(
     busy_timeout: float = 5.0,
 ) -> Connection:
     """The connection ``LibsqlStore`` takes for these arguments (see the module docstring)."""
+    database = check_database(database)
     timeout = check_timeout(timeout, "timeout")
     check_local_options(synchronous, busy_timeout)
     if sync_url is not None:
+        if not isinstance(sync_url, str):
+            raise TypeError(f"sync_url must be a URL string, not {type(sync_url).__name__}")
         if not is_remote(sync_url):
-            raise ValueError(f"sync_url must be an http(s):// or libsql:// URL, not {sync_url!r}")
+            raise ValueError(
+                f"sync_url must be an http(s):// or libsql:// URL, not {show(str(sync_url))!r}"
+            )
+        if is_remote(database) or database == ":memory:":
+            raise ValueError(
+                f"an embedded replica needs a local file to hold its copy, not {show(database)!r}"
+            )
+        if sync_interval is not None:
+            sync_interval = check_timeout(sync_interval, "sync_interval")
         return open_replica(
             database,
             sync_url,
@@ -107,5 +121,6 @@ def open_sqlite(
     database: str | Path, *, synchronous: str = "FULL", busy_timeout: float = 5.0
 ) -> LocalConnection:
     """The connection ``SqliteStore`` takes: a local file over the stdlib's sqlite3."""
+    database = check_database(database)
     check_local_options(synchronous, busy_timeout)
     return open_file(database, driver="sqlite", synchronous=synchronous, busy_timeout=busy_timeout)

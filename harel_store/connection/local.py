@@ -17,11 +17,14 @@ from typing import Any, Literal, Protocol
 
 from harel_store.batch import Batch, Conflicted, Request, shape, statement
 from harel_store.checks import check_finite
-from harel_store.errors import StoreError, translate
+from harel_store.errors import StoreError, is_driver_error, translate
 from harel_store.sql import Query
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 _BEGIN, _COMMIT = statement("begin"), statement("commit")
+_INT32 = range(-(2**31), 2**31)
+# SQLite's busy_timeout is a 32-bit count of milliseconds; past it the pragma wraps to 0.
+MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000
 
 
 class Cursor(Protocol):
@@ -64,8 +67,10 @@ class LocalConnection:
                 return self._result(request[0], self._execute(*request))
             except (StoreError, Conflicted):
                 raise
-            except Exception as exc:
-                raise translate(exc, self._secrets) from exc
+            except BaseException as exc:
+                if not is_driver_error(exc):
+                    raise  # KeyboardInterrupt and the like
+                raise translate(exc, self._secrets, quoted=self.where) from exc
 
     def _execute(self, query: Query, params: Any) -> Cursor:
         return self.db.execute(query.sql, params)
@@ -110,8 +115,10 @@ class LocalConnection:
             with self._lock:
                 try:
                     self.db.sync()  # type: ignore[attr-defined]
-                except Exception as exc:
-                    raise translate(exc, self._secrets) from exc
+                except BaseException as exc:
+                    if not is_driver_error(exc):
+                        raise
+                    raise translate(exc, self._secrets, quoted=self.where) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -123,11 +130,43 @@ class LocalConnection:
                     self.db.close()
 
 
+class LibsqlConnection(LocalConnection):
+    """A local connection over libsql, whose ints are made exact.
+
+    libsql 0.1.8 binds an int outside 32 bits as a REAL, which rounds past 2**53: two
+    versions of a definition would collide, a stale writer's CAS would match. Such an int
+    is bound as its decimal text instead, which SQLite reads back as the exact INTEGER
+    wherever the store uses one: stored in or compared with an INTEGER column (affinity),
+    or in arithmetic.
+    """
+
+    def _execute(self, query: Query, params: Any) -> Cursor:
+        return super()._execute(
+            query, [str(p) if type(p) is int and p not in _INT32 else p for p in params]
+        )
+
+
+def check_database(database: object) -> str:
+    """A database argument: a path or a URL, never None or a number made into a file name."""
+    if not isinstance(database, (str, os.PathLike)):
+        raise TypeError(f"database must be a path or a URL, not {type(database).__name__}")
+    text = os.fspath(database)
+    if not isinstance(text, str):
+        raise TypeError("database must be a path or a URL, not bytes")
+    if not text:
+        raise ValueError("database must not be empty (a path, a URL or ':memory:')")
+    if "\x00" in text:
+        raise ValueError("database must not contain a NUL character")
+    return text
+
+
 def check_local_options(synchronous: str, busy_timeout: float) -> None:
     if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise ValueError(f"synchronous must be FULL, NORMAL, EXTRA or OFF, not {synchronous!r}")
-    if check_finite(busy_timeout, "busy_timeout") < 0:
-        raise ValueError(f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}")
+    if not 0 <= check_finite(busy_timeout, "busy_timeout") <= MAX_BUSY_TIMEOUT:
+        raise ValueError(
+            f"busy_timeout must be 0 to {MAX_BUSY_TIMEOUT:.0f} seconds, not {busy_timeout!r}"
+        )
 
 
 def _pragmas(db: DBAPI, database: str | Path, synchronous: str, busy_timeout: float) -> None:
@@ -178,13 +217,16 @@ def open_file(
     try:
         if driver == "libsql":
             db = import_libsql().connect(str(database), _check_same_thread=False)
-        else:
-            db = sqlite3.connect(
-                str(database),
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=busy_timeout,
-            )
+            opened = _opened(db, database, synchronous, busy_timeout)
+            return LibsqlConnection(opened, str(database))
+        db = sqlite3.connect(
+            str(database),
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=busy_timeout,
+        )
         return LocalConnection(_opened(db, database, synchronous, busy_timeout), str(database))
-    except Exception as exc:
-        raise translate(exc) from exc
+    except BaseException as exc:
+        if not is_driver_error(exc):
+            raise
+        raise translate(exc, quoted=str(database)) from exc

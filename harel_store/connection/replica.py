@@ -14,8 +14,8 @@ from typing import Any
 
 from harel_store.batch import Batch, Conflicted, Request, statement
 from harel_store.connection.hrana import HranaConnection
-from harel_store.connection.local import LocalConnection, import_libsql
-from harel_store.errors import StoreError, translate
+from harel_store.connection.local import LibsqlConnection, LocalConnection, import_libsql
+from harel_store.errors import StoreError, is_driver_error, translate
 
 
 class ReplicaConnection:
@@ -77,10 +77,12 @@ def open_replica(
         options["sync_interval"] = sync_interval
     try:
         db = import_libsql().connect(str(path), **options)
-    except Exception as exc:
+    except BaseException as exc:
         primary.close()
-        raise translate(exc, secrets) from exc
-    local = LocalConnection(db, str(path), replica=True, secrets=secrets)
+        if not is_driver_error(exc):
+            raise
+        raise translate(exc, secrets, quoted=str(path)) from exc
+    local = LibsqlConnection(db, str(path), replica=True, secrets=secrets)
     try:
         try:
             local.sync()  # opening a replica pulls nothing by itself
