@@ -43,6 +43,19 @@ def exe(**kw: Any) -> Execution:
     return Execution(id="victim", definition_id="d", version=1, **kw)
 
 
+def unvalidated(**fields: Any) -> Execution:
+    """The stored execution as ``model_construct`` builds it: no validation at all."""
+    values = {"id": "victim", "definition_id": "d", "version": 1, "status": "running"}
+    values.update(context={}, outcome=None, active_path=None, parent_id=None, finished_at=None)
+    return Execution.model_construct(**{**values, **fields})
+
+
+def defn(**fields: Any) -> DefinitionRecord:
+    return DefinitionRecord(
+        **{"definition_id": "d", "version": 2, "digest": "x", "source": {}, **fields}
+    )
+
+
 NAN, INF = float("nan"), float("inf")
 HUGE = "x" * 100_000
 BAD_IDS: list[Any] = ["", HUGE, 5, None, b"id", ["a"], "nul\x00byte"]
@@ -193,6 +206,84 @@ BAD: list[tuple[str, Callable[[Store], Any], type[Exception]]] = [
     ("purge version str", lambda s: s.purge("victim", "1"), TypeError),
     ("purge version huge", lambda s: s.purge("victim", 10**30), ValueError),
     ("load_definition version str", lambda s: s.load_definition("d", "1"), TypeError),
+    # numbers past what a float or SQLite's INTEGER holds
+    ("due_timers 2**2000", lambda s: s.due_timers(2**2000), ValueError),
+    ("stats 2**2000", lambda s: s.stats(2**2000), ValueError),
+    ("delete_timer 10**400", lambda s: s.delete_timer("victim", "p", 10**400), ValueError),
+    ("definition version 2**63", lambda s: s.publish_definition(defn(version=2**63)), ValueError),
+    # strings no database text can hold
+    ("load lone surrogate", lambda s: s.load("\ud800"), ValueError),
+    ("trace of a lone surrogate", lambda s: s.read_trace("a\udfffb"), ValueError),
+    ("outcome lone surrogate", lambda s: s.commit(exe(outcome="\ud800"), []), ValueError),
+    # documents json would not give back as given
+    (
+        "context colliding keys",
+        lambda s: s.commit(exe(context={"a": {1: "x", "1": "y"}}), []),
+        ValueError,
+    ),
+    ("context surrogate key", lambda s: s.commit(exe(context={"\ud800": 1}), []), ValueError),
+    ("context bytes", lambda s: s.commit(exe(context={"b": b"x"}), []), ValueError),
+    (
+        "payload None key",
+        lambda s: s.commit(exe(), [(None, Event(name="e", payload={"a": {None: 1}}))]),
+        ValueError,
+    ),
+    ("trace None key", lambda s: s.append_trace("victim", {None: 1}), ValueError),
+    ("spawn int key", lambda s: s.commit(exe(), [], spawns=[("c", "r", {1: "a"})]), ValueError),
+    (
+        "source surrogate key",
+        lambda s: s.publish_definition(defn(source={"\udc80": 1})),
+        ValueError,
+    ),
+    # models built with model_construct, which skips validation
+    *[
+        (
+            f"unvalidated execution {label}",
+            lambda s, f=fields: s.commit(unvalidated(**f), []),
+            error,
+        )
+        for label, fields, error in [
+            ("id None", {"id": None}, TypeError),
+            ("id empty", {"id": ""}, ValueError),
+            ("id NUL", {"id": "a\x00b"}, ValueError),
+            ("id 600 chars", {"id": "x" * 600}, ValueError),
+            ("status bogus", {"status": "bogus"}, ValueError),
+            ("context None", {"context": None}, TypeError),
+            ("outcome 5", {"outcome": 5}, TypeError),
+            ("finished_at NaN", {"finished_at": NAN}, ValueError),
+            ("version -1", {"version": -1}, ValueError),
+            ("version 2**63", {"version": 2**63 - 1}, ValueError),
+            ("version str", {"version": "1"}, TypeError),
+            ("parent_id 5", {"parent_id": 5}, TypeError),
+        ]
+    ],
+    (
+        "unvalidated event",
+        lambda s: s.commit(exe(), [(None, Event.model_construct(name="", id="i", payload={}))]),
+        ValueError,
+    ),
+    (
+        "unvalidated event payload",
+        lambda s: s.commit(exe(), [(None, Event.model_construct(name="e", id="i", payload=[]))]),
+        TypeError,
+    ),
+    (
+        "unvalidated definition",
+        lambda s: s.publish_definition(
+            DefinitionRecord.model_construct(definition_id="d", version=-1, digest="x", source={})
+        ),
+        ValueError,
+    ),
+    # trace_max: set to anything but None or a non-negative int
+    *[
+        (f"trace_max {value!r}", lambda s, v=value: setattr(s, "trace_max", v), error)
+        for value, error in [
+            (-1, ValueError),
+            ("3", TypeError),
+            (2.5, TypeError),
+            (True, TypeError),
+        ]
+    ],
 ]
 
 
@@ -238,6 +329,7 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(
     assert str(info.value), "the error must say what is wrong"
     assert dump(db) == before
     assert store.load("victim").version == 1  # type: ignore[union-attr]  # still usable
+    assert store.trace_max == 200
 
 
 METACHARS = [
