@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
+
+from pydantic import ValidationError
 
 from harel_store import demo
 from harel_store.batch import drive
@@ -47,7 +49,7 @@ def _colour_on(stream: TextIO) -> bool:
     isatty = getattr(stream, "isatty", None)
     return (
         bool(isatty and isatty())
-        and "NO_COLOR" not in os.environ
+        and not os.environ.get("NO_COLOR")  # set and empty counts as unset (no-color.org)
         and (os.environ.get("TERM") != "dumb")
     )
 
@@ -56,11 +58,39 @@ def _paint(text: str, code: str | None, on: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if on and code else text
 
 
+# What a terminal may act on (C0, DEL, C1) and what no output encoding holds (lone surrogates).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\ud800-\udfff]")  # JSON escapes C0 itself
+
+
+def _plain(text: str) -> str:
+    """Stored text fit for a terminal: each control character as its escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], text)
+
+
+def _json(value: Any, **options: Any) -> str:
+    """JSON of ``value`` that is safe on a terminal and in any UTF-8 stream."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
 def _when(epoch: float | None) -> str:
+    """An epoch time as UTC ISO 8601, or as its number when no datetime can hold it."""
     if epoch is None:
         return ""
-    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    try:
+        moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):  # epoch milliseconds, 1e308, inf
+        return str(epoch)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _since(at: float, start: float) -> str:
+    """The offset of a trace step from the first one."""
+    try:
+        return f"+{at - start:.3f}s"
+    except OverflowError:  # an int past the largest float
+        return ""
 
 
 def _age(seconds: float) -> str:
@@ -79,13 +109,21 @@ def _token() -> str:
     return os.environ.get(TOKEN_ENV, "")
 
 
+# A URL's user info, query and fragment: where a token may ride along.
+_URL_SECRETS = re.compile(
+    r"(?i)\b([a-z][a-z0-9+.-]*://)(?:[^\s/?#@]*@)?([^\s?#]*)(?:[?#][^\s'\"`]*)?"
+)
+
+
 def _scrub(text: str) -> str:
-    """One line, with no auth token in it (neither ours nor one carried in a URL)."""
+    """One line, with no auth token in it (neither ours nor one carried in a URL) and no
+    control character."""
     token = _token()
     if token:
         text = text.replace(token, "***")
+    text = _URL_SECRETS.sub(r"\1\2", text)  # show() for any URL, ours or a library's
     text = re.sub(r"(?i)(auth_?token=)[^&\s'\"]*", r"\1***", text)
-    return " ".join(text.split())
+    return _plain(" ".join(text.split()))
 
 
 # --- opening the database ---
@@ -99,7 +137,7 @@ def _require_local(database: str, sync_url: str | None) -> None:
     """A missing local file is a mistake, not a database to create by looking at it."""
     local = sync_url is None and not is_remote(database) and database != ":memory:"
     if local and not Path(database).exists():
-        raise Failure(f"{database} does not exist: create it with `{PROG} migrate --url ...`")
+        raise Failure(f"{show(database)} does not exist: create it with `{PROG} migrate --url ...`")
 
 
 def _open(args: argparse.Namespace) -> LibsqlStore:
@@ -140,6 +178,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     # A replica delegates its writes: the schema is changed on its primary.
     database = args.sync_url or _database(args)
+    if not is_remote(database) and not database.startswith("sqlite") and "?" in database:
+        # Alembic's URL would read what follows as options; the store, as part of the name.
+        raise ValueError("migrate takes no file path with '?' in it: rename the file")
     config = alembic_config(database)
     target = args.to
     handler = logging.StreamHandler(sys.stderr)
@@ -149,20 +190,22 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
+        step: Callable[..., None] = command.upgrade
+        if not args.sql:
+            known = [m.revision for m in MIGRATIONS]
+            current = None
+            if is_remote(database) or Path(database).exists():
+                current = _revision(database)
+            if target == "base" or (
+                target in known and current in known and known.index(target) < known.index(current)
+            ):
+                step = command.downgrade
+        try:
+            step(config, target, sql=args.sql)
+        except (ValueError, TypeError) as exc:  # the driver's, under Alembic: not a usage error
+            raise Failure(str(exc)) from exc
         if args.sql:
-            command.upgrade(config, target, sql=True)
             return 0
-        known = [m.revision for m in MIGRATIONS]
-        current = None
-        if is_remote(database) or Path(database).exists():
-            current = _revision(database)
-        down = target == "base" or (
-            target in known and current in known and known.index(target) < known.index(current)
-        )
-        if down:
-            command.downgrade(config, target)
-        else:
-            command.upgrade(config, target)
         after = _revision(database)
     finally:
         logger.removeHandler(handler)
@@ -190,7 +233,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "timers_due": stats.timers_due,
             "timers_future": stats.timers_future,
         }
-        print(json.dumps(doc))
+        print(_json(doc))
         return 0
     on = _colour_on(sys.stdout)
     state = "up to date" if stats.schema_revision == HEAD else "differs"
@@ -198,11 +241,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if stats.pending_outbox:
         oldest = f", oldest {'unknown' if age is None else _age(age) + ' old'}"
     by_status = ", ".join(
-        f"{_paint(status, COLOURS.get(status), on)} {n}" for status, n in counts.items()
+        f"{_paint(_plain(status), COLOURS.get(status), on)} {n}" for status, n in counts.items()
     )
     rows = [
-        ("database", show(database)),
-        ("schema", f"{stats.schema_revision} (head {HEAD}, {state})"),
+        ("database", _plain(show(database))),
+        ("schema", f"{_plain(str(stats.schema_revision))} (head {HEAD}, {state})"),
         ("executions", f"{sum(counts.values())} total: {by_status}"),
         ("outbox", f"{stats.pending_outbox} pending{oldest}"),
         ("spawns", f"{stats.pending_spawns} pending"),
@@ -217,16 +260,8 @@ COLUMNS = ("ID", "DEFINITION", "VERSION", "STATUS", "OUTCOME", "ACTIVE PATH", "P
 
 
 def _cells(s: ExecutionSummary) -> list[str]:
-    return [
-        s.id,
-        s.definition_id,
-        str(s.version),
-        s.status,
-        s.outcome or "",
-        s.active_path or "",
-        s.parent_id or "",
-        _when(s.finished_at),
-    ]
+    text = [s.id, s.definition_id, str(s.version), s.status, s.outcome, s.active_path, s.parent_id]
+    return [_plain(cell or "") for cell in text] + [_when(s.finished_at)]
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -246,7 +281,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             )
             for item in page.items:
                 if args.json:
-                    print(item.model_dump_json())
+                    print(_json(item.model_dump(mode="json"), separators=(",", ":")))
                     continue
                 cells = _cells(item)
                 if widths is None:  # sized on the first page, so the table streams
@@ -297,7 +332,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             ],
             "children": [c.model_dump(mode="json") for c in store.children_of(args.id)],
         }
-    print(json.dumps(doc, indent=2, ensure_ascii=False))
+    print(_json(doc, indent=2))
     return 0
 
 
@@ -308,10 +343,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
             _load(store, args)
     if args.json:
         for step in steps:
-            print(json.dumps(step, ensure_ascii=False))
+            print(_json(step))
         return 0
     if not steps:
-        print(f"{PROG}: {args.id} has no trace steps", file=sys.stderr)
+        print(f"{PROG}: {_plain(args.id)} has no trace steps", file=sys.stderr)
         return 0
     on = _colour_on(sys.stdout)
     start = next((s["at"] for s in steps if isinstance(s.get("at"), (int, float))), None)
@@ -319,17 +354,18 @@ def cmd_trace(args: argparse.Namespace) -> int:
     for step in steps:
         rest = dict(step)
         index, at = rest.pop("index"), rest.pop("at", None)
-        timed = isinstance(at, (int, float)) and start is not None
-        rows.append(
-            (
-                str(index),
-                _when(at) if timed else "",
-                f"+{at - start:.3f}s" if timed else "",
-                str(rest.pop("event", "")),
-                str(rest.pop("transition", "")),
-                json.dumps(rest, ensure_ascii=False, separators=(",", ":")) if rest else "",
-            )
+        when = delta = ""
+        if isinstance(at, (int, float)) and start is not None:
+            when, delta = _when(at), _since(at, start)
+        cells = (
+            str(index),
+            when,
+            delta,
+            str(rest.pop("event", "")),
+            str(rest.pop("transition", "")),
+            _json(rest, separators=(",", ":")) if rest else "",
         )
+        rows.append(tuple(_plain(cell) for cell in cells))
     widths = [max(len(row[c]) for row in rows) for c in range(5)]
     for index, when, delta, event, transition, extra in rows:
         line = "  ".join(
@@ -346,24 +382,45 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decoded(store: Store, args: argparse.Namespace) -> Execution | None:
+    """``_load``, or None when the stored record cannot be decoded."""
+    try:
+        return _load(store, args)
+    except StoreError as exc:
+        if isinstance(exc.__cause__, ValidationError):
+            return None
+        raise
+
+
 def cmd_purge(args: argparse.Namespace) -> int:
+    # With --version nothing is read but summary columns, so a corrupt record can be purged.
     with _open(args) as store:
-        exe = _load(store, args)
-        version = exe.version if args.version is None else args.version
-        moved = f"{args.id} is at version {exe.version}, not {version}: nothing purged"
+        version = args.version
+        if version is None:
+            exe = _decoded(store, args)
+            if exe is None:
+                raise Failure(
+                    f"execution {args.id!r} has a corrupt stored record: purge it unread with"
+                    f" --version V (V is its VERSION in `{PROG} ls`)"
+                )
+            if exe.status == "running" and not args.tree:
+                raise Failure(
+                    f"{args.id} is still running: pass --version {exe.version} to purge it anyway"
+                )
+            version = exe.version
         if args.tree:
             purged = store.purge_tree(args.id, version)
-            if not purged:
-                raise Failure(moved)
-            print(f"purged {len(purged)} executions: {', '.join(purged)}")
-            return 0
-        if exe.status == "running" and args.version is None:
-            raise Failure(
-                f"{args.id} is still running: pass --version {exe.version} to purge it anyway"
-            )
-        if not store.purge(args.id, version):
-            raise Failure(moved)
-    print(f"purged {args.id} (version {version})")
+        else:
+            purged = [args.id] if store.purge(args.id, version) else []
+        if not purged:
+            now = _decoded(store, args)
+            if now is None:
+                raise Failure(f"{args.id} is not at version {version}: nothing purged")
+            raise Failure(f"{args.id} is at version {now.version}, not {version}: nothing purged")
+    if args.tree:
+        print(f"purged {len(purged)} executions: {', '.join(map(_plain, purged))}")
+    else:
+        print(f"purged {_plain(args.id)} (version {version})")
     return 0
 
 
@@ -454,7 +511,8 @@ COMMANDS: list[tuple[str, str, str, Callable[[argparse.Namespace], int]]] = [
         "purge",
         "delete an execution, or a finished execution and all its descendants",
         f"""A running execution is purged only with an explicit --version; --tree refuses
-while any execution of the tree is still running.
+while any execution of the tree is still running. With --version the stored record is
+not read, so a corrupt one can be purged.
 
 examples:
   {PROG} purge order-1a2b3c4d
@@ -523,8 +581,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(run=run)
         parsers[name] = p
     parsers["migrate"].add_argument("--sql", action="store_true", help="print the SQL only")
+    revisions = ["base", *(m.revision for m in MIGRATIONS), "head"]
     parsers["migrate"].add_argument(
-        "--to", default="head", metavar="REV", help="target revision (default: head)"
+        "--to",
+        default="head",
+        choices=revisions,
+        metavar="REV",
+        help=f"target revision: {', '.join(revisions)} (default: head)",
     )
     for name in ("status", "ls", "trace"):
         parsers[name].add_argument("--json", action="store_true", help="JSON output")

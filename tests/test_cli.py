@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -445,3 +446,144 @@ def test_describe_and_diff_see_through_layout_but_not_meaning() -> None:
         "k: a WITHOUT ROWID table in head, a rowid table in database"
     ]
     assert diff(schema(f"{keyed} WITHOUT ROWID;"), schema(f"{keyed}\n  without\n rowid;")) == []
+
+
+# --- hardening (issue 10) ---
+
+# What a terminal acts on: C0 (but the newlines and tabs of the output itself), DEL, C1.
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def test_a_time_out_of_datetime_range_is_printed_as_its_number(db: str) -> None:
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE harel_executions SET finished_at = 1.7e15 WHERE id = 'invoice-1'")
+        conn.execute("UPDATE harel_timers SET fire_at = 1e308 WHERE path = 'placed.remind'")
+        conn.execute("UPDATE harel_trace SET entry = json_set(entry, '$.at', 1.7e15) WHERE idx = 1")
+    table = ok(cli("ls", "--url", db)).splitlines()
+    assert next(row for row in table if row.startswith("invoice-1")).endswith("1700000000000000.0")
+    timers = json.loads(ok(cli("show", "order-1", "--url", db)))["timers"]
+    assert timers[1] == {"path": "placed.remind", "fire_at": 1e308, "fire_at_utc": "1e+308"}
+    lines = ok(cli("trace", "order-1", "--url", db)).splitlines()
+    assert "+0.000s" in lines[0] and "1700000000000000.0" in lines[1]
+
+
+def test_a_corrupt_row_is_purged_unread_with_its_version(db: str) -> None:
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE harel_executions SET data = 'not json' WHERE id = 'invoice-1'")
+        conn.execute("UPDATE harel_executions SET data = '{\"id\": 1}' WHERE id = 'order-1.pay'")
+    line = failed(cli("purge", "invoice-1", "--url", db))
+    assert "corrupt" in line and "--version" in line and "validation error" not in line
+    assert "not at version 5" in failed(cli("purge", "invoice-1", "--version", "5", "--url", db))
+    assert "no execution 'ghost'" in failed(cli("purge", "ghost", "--version", "1", "--url", db))
+    purged = ok(cli("purge", "invoice-1", "--version", "1", "--url", db))
+    assert purged == "purged invoice-1 (version 1)\n"
+    tree = ok(cli("purge", "order-1.pay", "--tree", "--version", "1", "--url", db))
+    assert tree == "purged 1 executions: order-1.pay\n"
+    with LibsqlStore(db) as s:
+        assert [e.id for e in s.list_executions().items] == ["invoice-2", "order-1", "order-1.ship"]
+
+
+def test_migrate_into_a_missing_directory_is_a_failure_not_a_usage_error(tmp_path: Path) -> None:
+    assert "missing-dir" in failed(cli("migrate", "--url", str(tmp_path / "missing-dir" / "x.db")))
+
+
+def test_migrate_to_an_unknown_revision_names_the_known_ones(tmp_path: Path) -> None:
+    for target in ("", "zz"):
+        line = failed(cli("migrate", "--to", target, "--url", "x.db", cwd=tmp_path), 2)
+        assert all(rev in line for rev in ("base", "head", *(m.revision for m in MIGRATIONS)))
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_trace_json_escapes_a_lone_surrogate(db: str) -> None:
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE harel_trace SET entry = ? WHERE idx = 1", ('{"k":"\\ud800"}',))
+    lines = ok(cli("trace", "order-1", "--json", "--url", db)).splitlines()
+    assert json.loads(lines[1]) == {"k": "\ud800", "index": 1}
+    assert '{"k":"\\ud800"}' in ok(cli("trace", "order-1", "--url", db))
+
+
+def test_control_characters_in_stored_strings_reach_no_terminal(tmp_path: Path) -> None:
+    database = _migrated(tmp_path)
+    nasty = "\x1b[31mred\x07\r\x7f\x9b"
+    shown = "\\x1b[31mred\\x07\\r\\x7f\\x9b"
+    with LibsqlStore(database) as s:
+        s.save(Execution(id=nasty, definition_id=nasty, active_path=nasty, status="finished"))
+        s.save(Execution(id=f"{nasty}.child", definition_id="d", parent_id=nasty, status="failed"))
+        s.append_trace(nasty, {"event": nasty, "transition": nasty, "note": nasty})
+    with closing(sqlite3.connect(database)) as conn, conn:
+        conn.execute(
+            "UPDATE harel_executions SET status = ? WHERE id = ?", (nasty, f"{nasty}.child")
+        )
+    outputs = {
+        "ls": cli("ls", "--url", database),
+        "status": cli("status", "--url", database),
+        "trace": cli("trace", nasty, "--url", database),
+        "show": cli("show", nasty, "--url", database),
+        "ls --json": cli("ls", "--json", "--url", database),
+        "status --json": cli("status", "--json", "--url", database),
+        "trace --json": cli("trace", nasty, "--json", "--url", database),
+        "missing": cli("trace", f"{nasty}.gone", "--url", database),
+    }
+    for name, result in outputs.items():
+        assert not CONTROL.search(result.stdout + result.stderr), (name, result)
+    assert ok(outputs["ls"]).splitlines()[1].split()[:2] == [shown, shown]
+    assert f"running 0, finished 1, failed 0, cancelled 0, {shown} 1" in ok(outputs["status"])
+    timeline = ok(outputs["trace"])
+    assert timeline.count(shown) == 2 and '"\\u001b[31mred\\u0007\\r\\u007f\\u009b"' in timeline
+    assert json.loads(ok(outputs["show"]))["execution"]["active_path"] == nasty
+    assert [json.loads(ln)["id"] for ln in ok(outputs["ls --json"]).splitlines()] == [
+        nasty,
+        f"{nasty}.child",
+    ]
+    assert json.loads(ok(outputs["status --json"]))["executions"][nasty] == 1
+    assert json.loads(ok(outputs["trace --json"]))["note"] == nasty
+    assert shown in failed(outputs["missing"])
+    purged = cli("purge", nasty, "--tree", "--url", database)
+    assert ok(purged) == f"purged 2 executions: {shown}, {shown}.child\n"
+
+
+def _on_a_terminal(*args: str, env: dict[str, str]) -> bytes:
+    """What the command writes to stdout when stdout is a terminal."""
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    proc = subprocess.run(
+        [str(CLI), *args], stdout=child_fd, stderr=subprocess.PIPE, env={**base, **env}, timeout=60
+    )
+    os.close(child_fd)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's writer is gone
+        while chunk := os.read(main_fd, 65536):
+            out += chunk
+    os.close(main_fd)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_an_empty_no_color_is_not_set(db: str) -> None:
+    assert b"\x1b[32mfinished" in _on_a_terminal("ls", "--url", db, env={"NO_COLOR": ""})
+    assert b"\x1b[" not in _on_a_terminal("ls", "--url", db, env={"NO_COLOR": "1"})
+
+
+def test_no_secret_of_a_url_is_printed(tmp_path: Path) -> None:
+    remote = "http://user:SECRET@127.0.0.1:1/?authToken=SECRET"  # nothing listens on port 1
+    missing = str(tmp_path / "missing.db")
+    wheres = [
+        ["--url", remote],
+        ["--url", remote.replace("http", "libsql", 1)],
+        ["--url", missing, "--sync-url", remote],
+        ["--url", "sqlite+libsql://user:SECRET@127.0.0.1:1/?authToken=SECRET"],
+        ["--url", f"{missing}?authToken=SECRET"],
+    ]
+    commands = [["status"], ["ls"], ["show", "x"], ["trace", "x"], ["purge", "x"]]
+    commands += [["schema", "--check"], ["migrate"]]
+    for where in wheres:
+        for command in commands:
+            result = cli(*command, *where, cwd=tmp_path)
+            assert result.returncode in (1, 2) and len(result.stderr.splitlines()) == 1, result
+            assert "SECRET" not in result.stdout + result.stderr, (command, where, result.stderr)
+    # Alembic would read "?authToken=..." as options and migrate missing.db; the store would
+    # open a file of the whole name: migrate refuses such a path.
+    assert "'?'" in failed(cli("migrate", "--url", f"{missing}?authToken=SECRET"), 2)
+    assert list(tmp_path.iterdir()) == []
