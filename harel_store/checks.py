@@ -92,19 +92,29 @@ def check_json(value: object, name: str) -> None:
 
 
 def _check_json(value: object) -> None:
-    if isinstance(value, str):
-        if not value.isascii() and _SURROGATE.search(value):
-            raise ValueError(f"the string {value!r:.60} holds a lone surrogate")
-    elif isinstance(value, dict):
+    # Scalars are checked inline, by exact type first: this runs on every document of every
+    # commit, and a call per value would cost more than the rest of the check.
+    if isinstance(value, dict):
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 raise ValueError(f"the key {key!r:.60} is not a string")
             if not key.isascii() and _SURROGATE.search(key):
                 raise ValueError(f"the key {key!r:.60} holds a lone surrogate")
-            _check_json(item)
+            kind = type(item)
+            if kind is str:
+                if not item.isascii() and _SURROGATE.search(item):
+                    raise ValueError(f"the string {item!r:.60} holds a lone surrogate")
+            elif kind is float:
+                if not math.isfinite(item):
+                    raise ValueError(f"{item!r} is not a JSON number")
+            elif kind is not int and kind is not bool and item is not None:
+                _check_json(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
             _check_json(item)
+    elif isinstance(value, str):
+        if not value.isascii() and _SURROGATE.search(value):
+            raise ValueError(f"the string {value!r:.60} holds a lone surrogate")
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{value!r} is not a JSON number")
@@ -136,31 +146,38 @@ def check_execution(exe: Execution) -> None:
         raise ValueError(f"execution version must be 0 to 2**63 - 2, not {version}")
     if exe.status not in STATUSES:
         raise ValueError(f"unknown status {exe.status!r}: expected one of {', '.join(STATUSES)}")
-    for field in ("outcome", "active_path"):
-        value = getattr(exe, field)
-        if value is not None:
-            if not isinstance(value, str):
-                raise TypeError(f"execution {field} must be a string or None, not {value!r:.40}")
-            check_text(value, f"execution {field}")
-    check_id(exe.parent_id, "execution parent_id", optional=True)
+    _check_text_or_none(exe.outcome, "execution outcome")
+    _check_text_or_none(exe.active_path, "execution active_path")
+    if exe.parent_id is not None:
+        check_id(exe.parent_id, "execution parent_id")
     if exe.finished_at is not None:
         check_finite(exe.finished_at, "execution finished_at")
     if not isinstance(exe.context, dict):
         raise TypeError(f"execution context must be a dict, not {type(exe.context).__name__}")
     check_json(exe.context, "execution context")
-    check_json(exe.__pydantic_extra__ or {}, "execution's extra fields")
+    if exe.__pydantic_extra__:
+        check_json(exe.__pydantic_extra__, "execution's extra fields")
 
 
-def check_event(event: Event, name: str) -> None:
-    """As `check_execution`, for an event."""
+def _check_text_or_none(value: object, name: str) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string or None, not {value!r:.40}")
+        check_text(value, name)
+
+
+def check_event(event: Event) -> None:
+    """As `check_execution`, for an emitted event."""
     if not isinstance(event.name, str) or not 0 < len(event.name) <= MAX_ID_LENGTH:
-        raise ValueError(f"{name} name must be a string of 1 to {MAX_ID_LENGTH} characters")
-    check_text(event.name, f"{name} name")
-    check_id(event.id, f"{name} id")
+        raise ValueError(f"event name must be a string of 1 to {MAX_ID_LENGTH} characters")
+    check_text(event.name, "event name")
+    check_id(event.id, "event id")
     if not isinstance(event.payload, dict):
-        raise TypeError(f"{name} payload must be a dict, not {type(event.payload).__name__}")
-    check_json(event.payload, f"{name} payload")
-    check_json(event.__pydantic_extra__ or {}, f"{name}'s extra fields")
+        raise TypeError(f"event payload must be a dict, not {type(event.payload).__name__}")
+    if event.payload:
+        check_json(event.payload, "event payload")
+    if event.__pydantic_extra__:
+        check_json(event.__pydantic_extra__, "event's extra fields")
 
 
 def check_definition(record: DefinitionRecord) -> None:

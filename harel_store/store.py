@@ -169,7 +169,7 @@ class Store:
         for item in emits:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Event)):
                 raise TypeError(f"each emit must be a (target_id | None, Event) pair, not {item!r}")
-            check_event(item[1], "emitted event")
+            check_event(item[1])
             outbox.append(
                 (
                     check_id(item[0], "emit target_id", optional=True),

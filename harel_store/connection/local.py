@@ -22,7 +22,6 @@ from harel_store.sql import Query
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 _BEGIN, _COMMIT = statement("begin"), statement("commit")
-_INT32 = range(-(2**31), 2**31)
 # SQLite's busy_timeout is a 32-bit count of milliseconds; past it the pragma wraps to 0.
 MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000
 
@@ -141,9 +140,16 @@ class LibsqlConnection(LocalConnection):
     """
 
     def _execute(self, query: Query, params: Any) -> Cursor:
-        return super()._execute(
-            query, [str(p) if type(p) is int and p not in _INT32 else p for p in params]
-        )
+        if int in map(type, params):  # a check at C speed: most statements bind no int
+            for p in params:
+                if type(p) is int and not -(2**31) <= p < 2**31:
+                    params = [_exact(p) for p in params]
+                    break
+        return self.db.execute(query.sql, params)
+
+
+def _exact(param: Any) -> Any:
+    return str(param) if type(param) is int and not -(2**31) <= param < 2**31 else param
 
 
 def check_database(database: object) -> str:

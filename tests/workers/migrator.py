@@ -17,6 +17,7 @@ from typing import Any
 
 from harel_store import migrate
 from harel_store.connection import LocalConnection
+from harel_store.connection.local import LibsqlConnection
 from harel_store.sql import Query
 from tests.workers.common import REPO, open_store
 
@@ -41,23 +42,28 @@ def main() -> None:
 
     if args.mode == "store":
         # A migration is one batch: its revision guard, then its statements, then COMMIT.
-        execute, commit = LocalConnection._execute, LocalConnection._commit
         claimed: list[str] = []
-
-        def hooked_execute(self: LocalConnection, query: Query, params: Any) -> Any:
-            if query.name == "begin":
-                claimed.clear()
-            elif query.name in ("claim_revision", "update_revision"):
-                claimed.append(params[0])
-            return execute(self, query, params)
+        commit = LocalConnection._commit
 
         def hooked_commit(self: LocalConnection) -> None:
             if claimed:
                 applied(claimed.pop())
             commit(self)
 
-        LocalConnection._execute = hooked_execute  # type: ignore[method-assign]
         LocalConnection._commit = hooked_commit  # type: ignore[method-assign]
+        for cls in (LocalConnection, LibsqlConnection):  # sqlite3's statements, libsql's
+            execute = cls._execute
+
+            def hooked_execute(
+                self: LocalConnection, query: Query, params: Any, execute: Any = execute
+            ) -> Any:
+                if query.name == "begin":
+                    claimed.clear()
+                elif query.name in ("claim_revision", "update_revision"):
+                    claimed.append(params[0])
+                return execute(self, query, params)
+
+            cls._execute = hooked_execute  # type: ignore[method-assign]
     else:
         run_sql = migrate.run_sql
 
