@@ -391,20 +391,7 @@ def test_a_refused_token_is_one_line_without_the_token(sqld: SqldServer) -> None
 
 
 def test_colour_only_on_a_terminal(db: str) -> None:
-    import pty
-
-    main_fd, child_fd = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
-    proc = subprocess.run(
-        [str(CLI), "ls", "--url", db], stdout=child_fd, stderr=subprocess.PIPE, env=env, timeout=60
-    )
-    os.close(child_fd)
-    out = b""
-    with contextlib.suppress(OSError):  # EIO once the terminal's writer is gone
-        while chunk := os.read(main_fd, 65536):
-            out += chunk
-    os.close(main_fd)
-    assert proc.returncode == 0
+    out = _on_a_terminal("ls", "--url", db, env={})
     assert b"\x1b[32mfinished" in out and b"\x1b[33mrunning" in out
     assert "\x1b[" not in ok(cli("ls", "--url", db))
 
