@@ -177,25 +177,45 @@ class AsyncLibsqlStore:
             )
         )
 
-    async def pending_outbox(self) -> list[OutboxEntry]:
+    async def pending_outbox(self, limit: int | None = None) -> list[OutboxEntry]:
         """Async version of `LibsqlStore.pending_outbox`."""
-        return await self._run(self._s._pending_outbox())
+        return await self._run(self._s._pending_outbox(limit))
+
+    async def claim_outbox(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0
+    ) -> list[OutboxEntry]:
+        """Async version of `LibsqlStore.claim_outbox`."""
+        return await self._run(self._s._claim_outbox(worker, limit=limit, lease=lease))
 
     async def ack_outbox(self, seq: int) -> None:
         """Async version of `LibsqlStore.ack_outbox`."""
         return await self._run(self._s._ack_outbox(seq))
 
-    async def pending_spawns(self) -> list[SpawnEntry]:
+    async def pending_spawns(self, limit: int | None = None) -> list[SpawnEntry]:
         """Async version of `LibsqlStore.pending_spawns`."""
-        return await self._run(self._s._pending_spawns())
+        return await self._run(self._s._pending_spawns(limit))
+
+    async def claim_spawns(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0
+    ) -> list[SpawnEntry]:
+        """Async version of `LibsqlStore.claim_spawns`."""
+        return await self._run(self._s._claim_spawns(worker, limit=limit, lease=lease))
 
     async def ack_spawn(self, seq: int) -> None:
         """Async version of `LibsqlStore.ack_spawn`."""
         return await self._run(self._s._ack_spawn(seq))
 
-    async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+    async def due_timers(
+        self, now: float, limit: int | None = None
+    ) -> list[tuple[str, str, float]]:
         """Async version of `LibsqlStore.due_timers`."""
-        return await self._run(self._s._due_timers(now))
+        return await self._run(self._s._due_timers(now, limit))
+
+    async def claim_due_timers(
+        self, worker: str, now: float, *, limit: int = 100, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        """Async version of `LibsqlStore.claim_due_timers`."""
+        return await self._run(self._s._claim_due_timers(worker, now, limit=limit, lease=lease))
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         """Async version of `LibsqlStore.delete_timer`."""

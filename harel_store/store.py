@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
-from harel_store.batch import Batch, Conflicted, Plan, Statement, drive, statement
+from harel_store.batch import Batch, Conflicted, Plan, drive, statement
 from harel_store.checks import (
     check_definition,
     check_event,
@@ -25,6 +25,7 @@ from harel_store.checks import (
     check_finite,
     check_id,
     check_int,
+    check_timeout,
     check_trace_max,
     decode_cursor,
     dump_model,
@@ -60,8 +61,28 @@ REMEMBERED = 10_000
 T = TypeVar("T")
 
 
+def _limit(limit: object) -> int:
+    """A read's row limit: None (all: SQLite's -1) or a positive int."""
+    if limit is None:
+        return -1
+    if check_int(limit, "limit") < 1:
+        raise ValueError(f"limit must be >= 1 (or None: all), not {limit}")
+    return limit  # type: ignore[return-value]
+
+
+def _claim(name: str, worker: str, limit: int, lease: float, *params: Any) -> Batch:
+    """A claim: one write of one UPDATE ... RETURNING (``name`` in queries.sql)."""
+    check_id(worker, "worker")
+    if check_int(limit, "limit") < 1 or limit > MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
+    batch = Batch()
+    batch.add(name, worker, limit, check_timeout(lease, "lease"), *params)
+    return batch
+
+
 class StoreStats(NamedTuple):
-    """What `Store.stats` counts (``oldest_outbox_at``: epoch seconds, None if unknown)."""
+    """What `Store.stats` counts (``oldest_outbox_at``: epoch seconds, None if unknown;
+    ``claimed_*``: rows a relay holds under a lease that has not run out)."""
 
     schema_revision: str | None
     executions: dict[str, int]
@@ -70,6 +91,9 @@ class StoreStats(NamedTuple):
     timers_due: int
     timers_future: int
     oldest_outbox_at: float | None
+    claimed_outbox: int  # of pending_outbox, those under a live lease (claim_outbox)
+    claimed_spawns: int
+    claimed_timers: int
 
 
 def checked(connection: Connection, migrate: bool) -> Connection:
@@ -466,12 +490,30 @@ class Store:
         rows = yield statement("ids_in_range", prefix, prefix_upper(prefix))
         return [row[0] for row in rows]
 
-    def pending_outbox(self) -> list[OutboxEntry]:
-        """Undelivered emitted events, oldest first."""
-        return self._run(self._pending_outbox())
+    def pending_outbox(self, limit: int | None = None) -> list[OutboxEntry]:
+        """Undelivered emitted events, oldest first: the first ``limit`` (None: all),
+        claimed or not."""
+        return self._run(self._pending_outbox(limit))
 
-    def _pending_outbox(self) -> Plan[list[OutboxEntry]]:
-        return (yield from self._outbox(statement("pending_outbox")))
+    def _pending_outbox(self, limit: int | None = None) -> Plan[list[OutboxEntry]]:
+        return self._outbox((yield statement("pending_outbox", _limit(limit))))
+
+    def claim_outbox(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0
+    ) -> list[OutboxEntry]:
+        """Claim up to ``limit`` undelivered entries for ``worker``, oldest first.
+
+        No other worker is handed them until the lease (seconds, on the database's clock)
+        runs out; then they are claimable again, so a worker that dies loses nothing. Ack
+        each one delivered with `ack_outbox`. One atomic statement (one round trip remote).
+        """
+        return self._run(self._claim_outbox(worker, limit=limit, lease=lease))
+
+    def _claim_outbox(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0
+    ) -> Plan[list[OutboxEntry]]:
+        (rows,) = yield _claim("claim_outbox", worker, limit, lease)
+        return sorted(self._outbox(rows))
 
     def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
         """Undelivered outbox entries addressed to the execution, oldest first."""
@@ -479,36 +521,72 @@ class Store:
 
     def _outbox_for(self, execution_id: str) -> Plan[list[OutboxEntry]]:
         check_id(execution_id, "execution_id")
-        return (yield from self._outbox(statement("outbox_for", execution_id)))
+        return self._outbox((yield statement("outbox_for", execution_id)))
 
     @staticmethod
-    def _outbox(query: Statement) -> Plan[list[OutboxEntry]]:
-        rows = yield query
+    def _outbox(rows: Iterable[Sequence[Any]]) -> list[OutboxEntry]:
         return [
             OutboxEntry(seq, target, stored(f"outbox entry {seq}", Event.model_validate_json, e))
             for seq, target, e in rows
         ]
 
-    def pending_spawns(self) -> list[SpawnEntry]:
-        """Child executions still to be created, oldest first."""
-        return self._run(self._pending_spawns())
+    def pending_spawns(self, limit: int | None = None) -> list[SpawnEntry]:
+        """Child executions still to be created, oldest first: the first ``limit`` (None:
+        all), claimed or not."""
+        return self._run(self._pending_spawns(limit))
+
+    @classmethod
+    def _pending_spawns(cls, limit: int | None = None) -> Plan[list[SpawnEntry]]:
+        return cls._spawns((yield statement("pending_spawns", _limit(limit))))
+
+    def claim_spawns(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0
+    ) -> list[SpawnEntry]:
+        """Claim up to ``limit`` pending spawns for ``worker``, oldest first (as
+        `claim_outbox`); `ack_spawn` each child created."""
+        return self._run(self._claim_spawns(worker, limit=limit, lease=lease))
+
+    @classmethod
+    def _claim_spawns(
+        cls, worker: str, *, limit: int = 100, lease: float = 30.0
+    ) -> Plan[list[SpawnEntry]]:
+        (rows,) = yield _claim("claim_spawns", worker, limit, lease)
+        return sorted(cls._spawns(rows))
 
     @staticmethod
-    def _pending_spawns() -> Plan[list[SpawnEntry]]:
-        rows = yield statement("pending_spawns")
+    def _spawns(rows: Iterable[Sequence[Any]]) -> list[SpawnEntry]:
         return [
             SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, ctx))
             for seq, parent, child, root, ctx in rows
         ]
 
-    def due_timers(self, now: float) -> list[tuple[str, str, float]]:
-        """Timers with ``fire_at <= now`` as (execution_id, path, fire_at), soonest first."""
-        return self._run(self._due_timers(now))
+    def due_timers(self, now: float, limit: int | None = None) -> list[tuple[str, str, float]]:
+        """Timers with ``fire_at <= now`` as (execution_id, path, fire_at), soonest first:
+        the first ``limit`` (None: all), claimed or not."""
+        return self._run(self._due_timers(now, limit))
 
     @staticmethod
-    def _due_timers(now: float) -> Plan[list[tuple[str, str, float]]]:
-        rows = yield statement("due_timers", check_finite(now, "now"))
+    def _due_timers(now: float, limit: int | None = None) -> Plan[list[tuple[str, str, float]]]:
+        rows = yield statement("due_timers", check_finite(now, "now"), _limit(limit))
         return [(eid, path, at) for eid, path, at in rows]
+
+    def claim_due_timers(
+        self, worker: str, now: float, *, limit: int = 100, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        """Claim up to ``limit`` timers due at ``now`` for ``worker``, soonest first, as
+        (execution_id, path, fire_at) (leases as `claim_outbox`). `delete_timer` each one
+        fired; re-arming a timer drops its claim."""
+        return self._run(self._claim_due_timers(worker, now, limit=limit, lease=lease))
+
+    @staticmethod
+    def _claim_due_timers(
+        worker: str, now: float, *, limit: int = 100, lease: float = 30.0
+    ) -> Plan[list[tuple[str, str, float]]]:
+        now = check_finite(now, "now")
+        (rows,) = yield _claim("claim_due_timers", worker, limit, lease, now)
+        # float(): sqlite3 3.40 returns a whole REAL as an int from RETURNING.
+        timers = [(eid, path, float(at)) for eid, path, at in rows]
+        return sorted(timers, key=lambda t: (t[2], t[0], t[1]))
 
     def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
         """The execution's trace ring in order, each step stamped with its ``index``."""
@@ -570,9 +648,9 @@ class Store:
     def _stats(now: float) -> Plan[StoreStats]:
         now = check_finite(now, "now")
         by_status = {status: count for status, count in (yield statement("count_by_status"))}
-        outbox, spawns, due, future, oldest = yield statement("pending_counts", now)
+        counts = yield statement("pending_counts", now)
         current = yield from revision()
-        return StoreStats(current, by_status, outbox, spawns, due, future, oldest)
+        return StoreStats(current, by_status, *counts)
 
     def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
         """The execution's armed timers as (path, fire_at), soonest first."""

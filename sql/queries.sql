@@ -117,8 +117,10 @@ INSERT INTO harel_spawns (parent_id, child_id, root_path, context) VALUES (?, ?,
 
 -- name: schedule_timer!
 -- Re-arming the same path replaces its fire_at.
+-- Re-arming also drops a relay's claim: the timer is due anew, at its new time.
 INSERT INTO harel_timers (execution_id, path, fire_at) VALUES (?, ?, ?)
-ON CONFLICT (execution_id, path) DO UPDATE SET fire_at = excluded.fire_at;
+ON CONFLICT (execution_id, path) DO UPDATE
+SET fire_at = excluded.fire_at, claimed_by = NULL, claimed_until = NULL;
 
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
@@ -225,19 +227,57 @@ SELECT * FROM (
 ORDER BY id LIMIT ?7;
 
 -- name: pending_outbox
-SELECT seq, target_id, event FROM harel_outbox ORDER BY seq;
+-- The oldest ?1 entries (-1: all), claimed or not.
+SELECT seq, target_id, event FROM harel_outbox ORDER BY seq LIMIT ?1;
+
+-- The claims (0004). Each is one UPDATE ... RETURNING: one statement, one round trip to a
+-- remote primary, atomic against every other worker. It hands worker ?1 the oldest ?2 rows
+-- not under a live lease and leases them for ?3 seconds, on the database's clock (one
+-- 'now' for the whole statement). The subquery walks the primary key (the fire_at index for
+-- timers) from the oldest row, stepping over rows other workers hold, so its cost does not
+-- grow with the backlog. RETURNING gives rows in no set order: the store sorts them.
+
+-- name: claim_outbox
+UPDATE harel_outbox
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+WHERE seq IN (
+    SELECT seq FROM harel_outbox
+    WHERE claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0
+    ORDER BY seq LIMIT ?2)
+RETURNING seq, target_id, event;
 
 -- name: ack_outbox!
 DELETE FROM harel_outbox WHERE seq = ?;
 
 -- name: pending_spawns
-SELECT seq, parent_id, child_id, root_path, context FROM harel_spawns ORDER BY seq;
+SELECT seq, parent_id, child_id, root_path, context FROM harel_spawns ORDER BY seq LIMIT ?1;
+
+-- name: claim_spawns
+UPDATE harel_spawns
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+WHERE seq IN (
+    SELECT seq FROM harel_spawns
+    WHERE claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0
+    ORDER BY seq LIMIT ?2)
+RETURNING seq, parent_id, child_id, root_path, context;
 
 -- name: ack_spawn!
 DELETE FROM harel_spawns WHERE seq = ?;
 
 -- name: due_timers
-SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ? ORDER BY fire_at;
+SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ?1
+ORDER BY fire_at LIMIT ?2;
+
+-- name: claim_due_timers
+-- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's.
+UPDATE harel_timers
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM harel_timers
+    WHERE fire_at <= ?4
+      AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+    ORDER BY fire_at LIMIT ?2)
+RETURNING execution_id, path, fire_at;
 
 -- name: delete_timer!
 -- Only the timer as it was swept: a concurrent re-schedule to a new time survives.
@@ -324,13 +364,20 @@ SELECT type, name, sql FROM sqlite_master WHERE type IN ('view', 'trigger') ORDE
 SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 ORDER BY 1;
 
 -- name: pending_counts^
--- Pending outbox entries and spawns, timers due at ?1 and later than it, and when the oldest
--- pending outbox entry was written (unknown before outbox rows carried created_at).
+-- Pending outbox entries and spawns, timers due at ?1 and later than it, when the oldest
+-- pending outbox entry was written (unknown before outbox rows carried created_at), and how
+-- many outbox entries, spawns and timers are under a live lease (the database's clock).
 SELECT (SELECT COUNT(*) FROM harel_outbox),
        (SELECT COUNT(*) FROM harel_spawns),
        (SELECT COUNT(*) FROM harel_timers WHERE fire_at <= ?1),
        (SELECT COUNT(*) FROM harel_timers WHERE fire_at > ?1),
-       (SELECT created_at FROM harel_outbox ORDER BY seq LIMIT 1);
+       (SELECT created_at FROM harel_outbox ORDER BY seq LIMIT 1),
+       (SELECT COUNT(*) FROM harel_outbox
+        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
+       (SELECT COUNT(*) FROM harel_spawns
+        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
+       (SELECT COUNT(*) FROM harel_timers
+        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: timers_of
 SELECT path, fire_at FROM harel_timers WHERE execution_id = ? ORDER BY fire_at, path;

@@ -26,7 +26,11 @@ CREATE TABLE harel_outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     target_id TEXT,
     event TEXT NOT NULL,
-    created_at REAL -- epoch seconds (SQLite's clock) at insert; NULL before 0002
+    created_at REAL, -- epoch seconds (SQLite's clock) at insert; NULL before 0002
+    -- A relay's claim (0004): the worker and the end of its lease, epoch seconds on the
+    -- database's clock; NULL: never claimed. Likewise in harel_spawns and harel_timers.
+    claimed_by TEXT,
+    claimed_until REAL
 );
 
 CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
@@ -41,6 +45,8 @@ CREATE TABLE harel_timers (
     execution_id TEXT NOT NULL,
     path TEXT NOT NULL,
     fire_at REAL NOT NULL,
+    claimed_by TEXT,
+    claimed_until REAL,
     PRIMARY KEY (execution_id, path)
 ) WITHOUT ROWID;
 
@@ -51,7 +57,9 @@ CREATE TABLE harel_spawns (
     parent_id TEXT NOT NULL,
     child_id TEXT NOT NULL,
     root_path TEXT NOT NULL,
-    context TEXT NOT NULL
+    context TEXT NOT NULL,
+    claimed_by TEXT,
+    claimed_until REAL
 );
 
 CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);

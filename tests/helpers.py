@@ -74,10 +74,13 @@ def stage_0003(conn: Any) -> None:
 
 
 def rows_0003(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
-    """What the tables of ROWS_0003 hold, in primary-key order."""
+    """What the tables of ROWS_0003 hold in the columns staged, in primary-key order."""
     return {
-        table: [tuple(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()]
-        for table in ROWS_0003
+        table: [
+            tuple(r)[: len(rows[0])]
+            for r in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+        ]
+        for table, rows in ROWS_0003.items()
     }
 
 
