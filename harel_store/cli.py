@@ -232,6 +232,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             "pending_spawns": stats.pending_spawns,
             "timers_due": stats.timers_due,
             "timers_future": stats.timers_future,
+            "claimed_outbox": stats.claimed_outbox,
+            "claimed_spawns": stats.claimed_spawns,
+            "claimed_timers": stats.claimed_timers,
         }
         print(_json(doc))
         return 0
@@ -247,13 +250,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("database", _plain(show(database))),
         ("schema", f"{_plain(str(stats.schema_revision))} (head {HEAD}, {state})"),
         ("executions", f"{sum(counts.values())} total: {by_status}"),
-        ("outbox", f"{stats.pending_outbox} pending{oldest}"),
-        ("spawns", f"{stats.pending_spawns} pending"),
-        ("timers", f"{stats.timers_due} due, {stats.timers_future} future"),
+        ("outbox", f"{stats.pending_outbox} pending{oldest}{_held(stats.claimed_outbox)}"),
+        ("spawns", f"{stats.pending_spawns} pending{_held(stats.claimed_spawns)}"),
+        (
+            "timers",
+            f"{stats.timers_due} due, {stats.timers_future} future{_held(stats.claimed_timers)}",
+        ),
     ]
     for label, value in rows:
         print(f"{label:<11} {value}")
     return 0
+
+
+def _held(claimed: int) -> str:
+    """How many of a relay's rows a worker holds under a live lease (none: nothing said)."""
+    return f" ({claimed} claimed by a worker)" if claimed else ""
 
 
 COLUMNS = ("ID", "DEFINITION", "VERSION", "STATUS", "OUTCOME", "ACTIVE PATH", "PARENT", "FINISHED")

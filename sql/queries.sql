@@ -265,8 +265,10 @@ RETURNING seq, parent_id, child_id, root_path, context;
 DELETE FROM harel_spawns WHERE seq = ?;
 
 -- name: due_timers
+-- Ties in fire_at in primary-key order, which the fire_at index holds: a limit cuts them
+-- the same way every time, with no sort.
 SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ?1
-ORDER BY fire_at LIMIT ?2;
+ORDER BY fire_at, execution_id, path LIMIT ?2;
 
 -- name: claim_due_timers
 -- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's.
@@ -276,7 +278,7 @@ WHERE (execution_id, path) IN (
     SELECT execution_id, path FROM harel_timers
     WHERE fire_at <= ?4
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
-    ORDER BY fire_at LIMIT ?2)
+    ORDER BY fire_at, execution_id, path LIMIT ?2)
 RETURNING execution_id, path, fire_at;
 
 -- name: delete_timer!

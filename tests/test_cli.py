@@ -168,6 +168,25 @@ def test_status_counts(db: str) -> None:
     text = ok(cli("status", "--url", db))
     assert "5 total: running 2, finished 2, failed 1, cancelled 0" in text
     assert "1 pending, oldest " in text and "1 due, 1 future" in text
+    assert "claimed" not in text
+    assert (status["claimed_outbox"], status["claimed_spawns"], status["claimed_timers"]) == (
+        0,
+    ) * 3
+
+
+def test_status_counts_what_workers_hold(db: str) -> None:
+    with LibsqlStore(db) as store:
+        assert len(store.claim_outbox("w1")) == 1
+        assert len(store.claim_due_timers("w1", time.time())) == 1
+    status = json.loads(ok(cli("status", "--json", "--url", db)))
+    assert (status["claimed_outbox"], status["claimed_spawns"], status["claimed_timers"]) == (
+        1,
+        0,
+        1,
+    )
+    text = ok(cli("status", "--url", db))
+    assert "outbox      1 pending, oldest " in text and "(1 claimed by a worker)" in text
+    assert "spawns      1 pending\n" in text
 
 
 def test_status_says_unknown_for_an_outbox_entry_without_a_time(db: str) -> None:

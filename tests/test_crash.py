@@ -83,7 +83,10 @@ def check(driver: str, db: Path, log: Path) -> dict[str, int]:
         assert processed == {
             (eid, f"in-{eid}-{n}") for eid in EXECUTIONS for n in range(1, versions[eid] + 1)
         }
-        timers = {(e, p): at for e, p, at in raw.execute("SELECT execution_id, path, fire_at FROM harel_timers")}
+        timers = {
+            (e, p): at
+            for e, p, at in raw.execute("SELECT execution_id, path, fire_at FROM harel_timers")
+        }
         assert timers == {
             (eid, p): at for eid in EXECUTIONS for p, at in timers_after(versions[eid]).items()
         }

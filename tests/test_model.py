@@ -1,7 +1,10 @@
-"""Random sequences of commits, acks, sweeps and purges, checked against a plain model.
+"""Random sequences of commits, acks, sweeps, claims and purges, checked against a plain
+model.
 
 After every step the store (both drivers) must agree with a few dicts that implement the
-contract in the most obvious way.
+contract in the most obvious way. Leases run on the database's clock, which a test cannot
+set: the model's clock moves instead by moving every lease's end back (`elapse`), so a
+lease runs out exactly when the model says it does.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from harel_store import Event, Execution, LibsqlStore, SqliteStore, StoreConflict, TimerOp
 from harel_store.store import Store
+from tests.helpers import raw
 
 IDS = ["a", "b", "c%", "d_"]
 PATHS = ["p", "q"]
 TRACE_MAX = 3
 FAR = 1e12
+# Leases and clock steps far apart from the real seconds a test run takes.
+LEASES = [100.0, 10_000.0]
+Held = tuple[str, ...]  # ("outbox", seq) / ("spawn", seq) / ("timer", execution_id, path)
 
 
 class StoreModel(RuleBasedStateMachine):
@@ -35,6 +42,7 @@ class StoreModel(RuleBasedStateMachine):
         self.trace: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self.next_outbox = self.next_spawn = 1
         self.counter = 0
+        self.leases: dict[Held, float] = {}  # what is claimed, and the lease's time left
 
     def teardown(self) -> None:
         self.store.close()
@@ -103,6 +111,7 @@ class StoreModel(RuleBasedStateMachine):
         if processed:
             self.processed.add((eid, f"in{n}"))
         for op in ops:
+            self.leases.pop(("timer", eid, op.path), None)  # re-armed or cancelled: unclaimed
             if op.action == "schedule":
                 assert op.fire_at is not None
                 self.timers[(eid, op.path)] = op.fire_at
@@ -122,6 +131,7 @@ class StoreModel(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(sorted(self.outbox)))
         self.store.ack_outbox(seq)
         del self.outbox[seq]
+        self.leases.pop(("outbox", seq), None)
 
     @rule(seq=st.integers(0, 1000))
     def ack_unknown(self, seq: int) -> None:
@@ -129,6 +139,8 @@ class StoreModel(RuleBasedStateMachine):
         self.outbox.pop(seq, None)
         self.store.ack_spawn(seq)
         self.spawns.pop(seq, None)
+        self.leases.pop(("outbox", seq), None)
+        self.leases.pop(("spawn", seq), None)
 
     @precondition(lambda self: self.spawns)
     @rule(data=st.data())
@@ -136,6 +148,7 @@ class StoreModel(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(sorted(self.spawns)))
         self.store.ack_spawn(seq)
         del self.spawns[seq]
+        self.leases.pop(("spawn", seq), None)
 
     @rule(now=st.integers(0, 20), rearm=st.booleans())
     def sweep(self, now: int, rearm: bool) -> None:
@@ -157,6 +170,7 @@ class StoreModel(RuleBasedStateMachine):
                 self.timers[(eid, path)] = at + 100
             else:
                 del self.timers[(eid, path)]
+            self.leases.pop(("timer", eid, path), None)
             self.store.delete_timer(eid, path, at)
 
     @rule(eid=st.sampled_from(IDS), skew=st.sampled_from([0, 0, 1, -1]))
@@ -175,6 +189,66 @@ class StoreModel(RuleBasedStateMachine):
         self.outbox = {s: v for s, v in self.outbox.items() if v[0] != eid}
         self.spawns = {s: v for s, v in self.spawns.items() if v[0] != eid}
         self.trace.pop(eid, None)
+        self.leases = {
+            k: v
+            for k, v in self.leases.items()
+            if (k[0] == "outbox" and int(k[1]) in self.outbox)
+            or (k[0] == "spawn" and int(k[1]) in self.spawns)
+            or (k[0] == "timer" and (k[1], k[2]) in self.timers)
+        }
+
+    def _free(self, key: Held) -> bool:
+        return self.leases.get(key, 0.0) <= 0.0
+
+    @rule(
+        worker=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 3), lease=st.sampled_from(LEASES)
+    )
+    def claim_outbox(self, worker: str, limit: int, lease: float) -> None:
+        got = self.store.claim_outbox(worker, limit=limit, lease=lease)
+        free = [seq for seq in sorted(self.outbox) if self._free(("outbox", seq))]
+        assert [(e.seq, e.target_id, e.event.id) for e in got] == [
+            (seq, *self.outbox[seq]) for seq in free[:limit]
+        ]
+        for seq in free[:limit]:
+            self.leases[("outbox", seq)] = lease
+
+    @rule(
+        worker=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 3), lease=st.sampled_from(LEASES)
+    )
+    def claim_spawns(self, worker: str, limit: int, lease: float) -> None:
+        got = self.store.claim_spawns(worker, limit=limit, lease=lease)
+        free = [seq for seq in sorted(self.spawns) if self._free(("spawn", seq))]
+        assert [(p.seq, p.parent_id, p.child_id) for p in got] == [
+            (seq, *self.spawns[seq]) for seq in free[:limit]
+        ]
+        for seq in free[:limit]:
+            self.leases[("spawn", seq)] = lease
+
+    @rule(
+        worker=st.sampled_from(["w1", "w2"]),
+        now=st.integers(0, 20),
+        limit=st.integers(1, 3),
+        lease=st.sampled_from(LEASES),
+    )
+    def claim_due_timers(self, worker: str, now: int, limit: int, lease: float) -> None:
+        got = self.store.claim_due_timers(worker, float(now), limit=limit, lease=lease)
+        due = sorted(
+            (at, e, p)
+            for (e, p), at in self.timers.items()
+            if at <= now and self._free(("timer", e, p))
+        )[:limit]
+        assert got == [(e, p, at) for at, e, p in due]
+        for _, e, p in due:
+            self.leases[("timer", e, p)] = lease
+
+    @rule(seconds=st.sampled_from([50.0, 1_000.0]))
+    def elapse(self, seconds: float) -> None:
+        """The clock moves on by ``seconds``: every lease's end moves back as much."""
+        db = raw(self.store)
+        for table in ("harel_outbox", "harel_spawns", "harel_timers"):
+            db.execute(f"UPDATE {table} SET claimed_until = claimed_until - ?", (seconds,))
+        db.commit()
+        self.leases = {k: left - seconds for k, left in self.leases.items()}
 
     @invariant()
     def agrees(self) -> None:
@@ -198,6 +272,14 @@ class StoreModel(RuleBasedStateMachine):
         for n in range(1, self.counter + 1):
             for eid in IDS:
                 assert s.is_processed(eid, f"in{n}") == ((eid, f"in{n}") in self.processed)
+        stats = s.stats(FAR)
+        held = [k[0] for k, left in self.leases.items() if left > 0]
+        assert (stats.claimed_outbox, stats.claimed_spawns, stats.claimed_timers) == (
+            held.count("outbox"),
+            held.count("spawn"),
+            held.count("timer"),
+        )
+        assert [o.seq for o in s.pending_outbox(limit=2)] == sorted(self.outbox)[:2]
 
 
 SETTINGS = settings(

@@ -30,11 +30,17 @@ HOT = {
     "list_roots_by_definition", "pending_outbox", "ack_outbox", "pending_spawns", "ack_spawn",
     "due_timers", "delete_timer", "purge_execution", "purge_processed", "purge_trace",
     "purge_timers", "purge_outbox", "purge_spawns", "ids_in_range", "publish_definition",
-    "load_definition",
+    "load_definition", "claim_outbox", "claim_spawns", "claim_due_timers",
 }  # fmt: skip
-# The relays read the whole queue, oldest first: the queue holds only undelivered entries (an
-# ack deletes), so reading it in rowid order costs what it returns, with no sort.
-WHOLE_QUEUE = {"pending_outbox": "harel_outbox", "pending_spawns": "harel_spawns"}
+# The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
+# so reading it in rowid order up to the LIMIT costs what it returns, with no sort. A claim
+# walks it the same way, stepping over the few rows under a live lease.
+WHOLE_QUEUE = {
+    "pending_outbox": "harel_outbox",
+    "pending_spawns": "harel_spawns",
+    "claim_outbox": "harel_outbox",
+    "claim_spawns": "harel_spawns",
+}
 LISTINGS = {
     "list_executions": "sqlite_autoindex_harel_executions_1",
     "list_by_status": "harel_executions_status",
@@ -86,6 +92,23 @@ def test_the_timer_sweep_seeks_by_fire_at(conn: Any) -> None:
     assert _plan(conn, "due_timers") == [
         "SEARCH harel_timers USING COVERING INDEX harel_timers_fire_at (fire_at<?)"
     ]
+    # The claim reads each due timer's lease from the table, by primary key.
+    plan = _plan(conn, "claim_due_timers")
+    assert "SEARCH harel_timers USING INDEX harel_timers_fire_at (fire_at<?)" in plan
+    assert not [s for s in plan if "TEMP B-TREE" in s or s.startswith("SCAN")], plan
+
+
+CLAIMS = {
+    "claim_outbox": "harel_outbox",
+    "claim_spawns": "harel_spawns",
+    "claim_due_timers": "harel_timers",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_a_claim_updates_the_rows_it_picked_by_primary_key(conn: Any, name: str) -> None:
+    first = _plan(conn, name)[0]
+    assert first.startswith(f"SEARCH {CLAIMS[name]} USING ") and "PRIMARY KEY" in first, first
 
 
 def _at_0001(path: Path, driver: str) -> Any:
