@@ -10,8 +10,9 @@ remote primary.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -59,6 +60,8 @@ COMPANIONS = ("processed", "trace", "timers", "outbox", "spawns")
 REMEMBERED = 10_000
 
 T = TypeVar("T")
+E = TypeVar("E")
+log = logging.getLogger("harel_store")
 
 
 def _limit(limit: object) -> int:
@@ -78,6 +81,18 @@ def _claim(name: str, worker: str, limit: int, lease: float, *params: Any) -> Ba
     batch = Batch()
     batch.add(name, worker, limit, check_timeout(lease, "lease"), *params)
     return batch
+
+
+def _decoded(rows: Iterable[Sequence[Any]], decode: Callable[[Sequence[Any]], E]) -> list[E]:
+    """Claimed rows, each decoded on its own: a corrupt one is logged and left to its lease
+    (an operator acks or purges it), so it does not stop the relay for every worker."""
+    good = []
+    for row in rows:
+        try:
+            good.append(decode(row))
+        except StoreError as exc:
+            log.warning("%s; left claimed and skipped: ack it once dealt with", exc)
+    return good
 
 
 class StoreStats(NamedTuple):
@@ -513,7 +528,7 @@ class Store:
         self, worker: str, *, limit: int = 100, lease: float = 30.0
     ) -> Plan[list[OutboxEntry]]:
         (rows,) = yield _claim("claim_outbox", worker, limit, lease)
-        return sorted(self._outbox(rows))
+        return sorted(_decoded(rows, lambda row: self._outbox([row])[0]))
 
     def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
         """Undelivered outbox entries addressed to the execution, oldest first."""
@@ -551,7 +566,7 @@ class Store:
         cls, worker: str, *, limit: int = 100, lease: float = 30.0
     ) -> Plan[list[SpawnEntry]]:
         (rows,) = yield _claim("claim_spawns", worker, limit, lease)
-        return sorted(cls._spawns(rows))
+        return sorted(_decoded(rows, lambda row: cls._spawns([row])[0]))
 
     @staticmethod
     def _spawns(rows: Iterable[Sequence[Any]]) -> list[SpawnEntry]:

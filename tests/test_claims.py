@@ -118,3 +118,21 @@ def test_bad_claims_claim_nothing(store: Any, call: Any, error: type[Exception])
         call(store)
     stats = store.stats(10.0)
     assert (stats.claimed_outbox, stats.claimed_spawns, stats.claimed_timers) == (0, 0, 0)
+
+
+def test_a_corrupt_row_is_skipped_by_the_claim_not_the_whole_relay(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    seed(store, 4)
+    db = raw(store)
+    db.execute("UPDATE harel_outbox SET event = '{broken' WHERE seq = 2")
+    db.execute("UPDATE harel_spawns SET context = '[]' WHERE seq = 3")
+    db.commit()
+    store.sync()
+    assert [e.seq for e in store.claim_outbox("w1", limit=10)] == [1, 3, 4]
+    assert [s.seq for s in store.claim_spawns("w1", limit=10)] == [1, 2, 4]
+    named = [r.getMessage() for r in caplog.records if r.name == "harel_store"]
+    assert any("outbox entry 2" in m for m in named) and any("spawn 3" in m for m in named)
+    assert store.stats(0.0).claimed_outbox == 4  # the corrupt one stays under the lease
+    store.ack_outbox(2)  # an operator deals with it
+    assert store.stats(0.0).pending_outbox == 3
