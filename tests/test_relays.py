@@ -130,14 +130,18 @@ def check_each_delivered_once(
     """Nobody died: each item claimed once, delivered once, nothing left; every worker
     delivered what it claimed. ``workers``: name -> (OUT_FILE, stdout)."""
     everything: Counter[str] = Counter()
+    shared = 0
     for name, (out, stdout) in workers.items():
         mine = delivered(out)
         assert Counter(mine) == Counter(claimed(stdout)), f"{name} delivered not what it claimed"
         assert Counter(mine) == Counter(c.item for c in log if c.new_by == name), (
             f"{name}'s claims did not return the rows they leased"
         )
-        assert mine, f"{name} delivered nothing: the workers did not share the backlog"
         everything.update(mine)
+        shared += bool(mine)
+    # Which workers get work is the scheduler's call (on a busy machine one may start after
+    # the others drained the backlog): at least two must have shared it.
+    assert shared >= 2, "the workers did not share the backlog"
     twice = sorted(item for item, n in everything.items() if n > 1)
     assert not twice, f"{len(twice)} items delivered twice, e.g. {twice[:5]}"
     assert set(everything) == expected, f"lost: {sorted(expected - set(everything))[:5]}"
