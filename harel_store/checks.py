@@ -67,9 +67,10 @@ MAX_SECONDS = 365 * 86400  # the longest timeout or interval: past it, a clock's
 
 def check_timeout(value: object, name: str) -> float:
     """A positive number of seconds, at most a year."""
-    if not 0 < check_finite(value, name) <= MAX_SECONDS:
+    seconds = check_finite(value, name)
+    if not 0 < seconds <= MAX_SECONDS:
         raise ValueError(f"{name} must be > 0 and at most {MAX_SECONDS} seconds, not {value!r:.40}")
-    return float(value)  # type: ignore[arg-type]
+    return seconds
 
 
 # json.dumps with options builds a new encoder per call; one shared encoder is ~1 us cheaper.

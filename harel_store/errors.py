@@ -54,7 +54,11 @@ def scrub(text: str, secrets: tuple[str, ...]) -> str:
 def is_driver_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a driver's failure the store translates: an Exception, or a Rust
     panic (pyo3's PanicException is a BaseException), but never KeyboardInterrupt and kin."""
-    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+    return isinstance(exc, Exception) or _is_panic(exc)
+
+
+def _is_panic(exc: BaseException) -> bool:
+    return type(exc).__name__ == "PanicException"
 
 
 def translate(exc: BaseException, secrets: tuple[str, ...] = (), *, quoted: str = "") -> StoreError:
@@ -63,7 +67,7 @@ def translate(exc: BaseException, secrets: tuple[str, ...] = (), *, quoted: str 
     file named "401" is no refused token."""
     text = scrub(str(exc) or type(exc).__name__, secrets)
     meaning = text.replace(quoted, "") if quoted else text
-    if type(exc).__name__ == "PanicException":
+    if _is_panic(exc):
         return StoreError(f"the libsql driver failed (a panic): {text}")
     if _AUTH.search(meaning):
         return StoreError(f"authentication failed: the server refused the auth token ({text})")

@@ -73,11 +73,18 @@ def _limit(limit: object) -> int:
     return limit  # type: ignore[return-value]
 
 
+def _page(limit: object) -> int:
+    """A page's row limit (a listing's, a claim's): 1 to MAX_PAGE."""
+    rows = check_int(limit, "limit")
+    if not 1 <= rows <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {rows}")
+    return rows
+
+
 def _claim(name: str, worker: str, limit: int, lease: float, *params: Any) -> Batch:
     """A claim: one write of one UPDATE ... RETURNING (``name`` in queries.sql)."""
     check_id(worker, "worker")
-    if check_int(limit, "limit") < 1 or limit > MAX_PAGE:
-        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
+    _page(limit)
     batch = Batch()
     batch.add(name, worker, limit, check_timeout(lease, "lease"), *params)
     return batch
@@ -474,8 +481,7 @@ class Store:
         for s in statuses or ():
             if s not in STATUSES:
                 raise ValueError(f"unknown status {s!r}: expected one of {', '.join(STATUSES)}")
-        if check_int(limit, "limit") < 1 or limit > MAX_PAGE:
-            raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
+        _page(limit)
         after = "" if cursor is None else decode_cursor(cursor)
         # One named query per filter shape, each index-backed; statuses fill four slots
         # (None: unused), so several statuses still cost one LIMITed seek each.
@@ -528,7 +534,7 @@ class Store:
         self, worker: str, *, limit: int = 100, lease: float = 30.0
     ) -> Plan[list[OutboxEntry]]:
         (rows,) = yield _claim("claim_outbox", worker, limit, lease)
-        return sorted(_decoded(rows, lambda row: self._outbox([row])[0]))
+        return sorted(_decoded(rows, self._outbox_entry))
 
     def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
         """Undelivered outbox entries addressed to the execution, oldest first."""
@@ -538,12 +544,16 @@ class Store:
         check_id(execution_id, "execution_id")
         return self._outbox((yield statement("outbox_for", execution_id)))
 
+    @classmethod
+    def _outbox(cls, rows: Iterable[Sequence[Any]]) -> list[OutboxEntry]:
+        return [cls._outbox_entry(row) for row in rows]
+
     @staticmethod
-    def _outbox(rows: Iterable[Sequence[Any]]) -> list[OutboxEntry]:
-        return [
-            OutboxEntry(seq, target, stored(f"outbox entry {seq}", Event.model_validate_json, e))
-            for seq, target, e in rows
-        ]
+    def _outbox_entry(row: Sequence[Any]) -> OutboxEntry:
+        seq, target, event = row
+        return OutboxEntry(
+            seq, target, stored(f"outbox entry {seq}", Event.model_validate_json, event)
+        )
 
     def pending_spawns(self, limit: int | None = None) -> list[SpawnEntry]:
         """Child executions still to be created, oldest first: the first ``limit`` (None:
@@ -566,14 +576,16 @@ class Store:
         cls, worker: str, *, limit: int = 100, lease: float = 30.0
     ) -> Plan[list[SpawnEntry]]:
         (rows,) = yield _claim("claim_spawns", worker, limit, lease)
-        return sorted(_decoded(rows, lambda row: cls._spawns([row])[0]))
+        return sorted(_decoded(rows, cls._spawn_entry))
+
+    @classmethod
+    def _spawns(cls, rows: Iterable[Sequence[Any]]) -> list[SpawnEntry]:
+        return [cls._spawn_entry(row) for row in rows]
 
     @staticmethod
-    def _spawns(rows: Iterable[Sequence[Any]]) -> list[SpawnEntry]:
-        return [
-            SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, ctx))
-            for seq, parent, child, root, ctx in rows
-        ]
+    def _spawn_entry(row: Sequence[Any]) -> SpawnEntry:
+        seq, parent, child, root, context = row
+        return SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, context))
 
     def due_timers(self, now: float, limit: int | None = None) -> list[tuple[str, str, float]]:
         """Timers with ``fire_at <= now`` as (execution_id, path, fire_at), soonest first:
