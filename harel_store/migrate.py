@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
+from harel_store.connection.url import (
+    DEFAULT_DATABASE,
+    alembic_url,
+    database_from_env,
+    migration_hint,
+    parse_database,
+    token_from_env,
+)
 from harel_store.sql import SQL_DIR, resource, split_statements
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-DEFAULT_DATABASE = "harel.db"
+__all__ = [
+    "DEFAULT_DATABASE",
+    "MIGRATIONS_DIR",
+    "alembic_config",
+    "database_from_env",
+    "migration_hint",
+    "parse_database",
+    "run_sql",
+    "sqlalchemy_url",
+    "token_from_env",
+]
+
 MIGRATIONS_DIR = resource("migrations")
 
 
@@ -32,7 +49,8 @@ def run_sql(filename: str) -> None:
 
 def alembic_config(database: str) -> Config:
     """An Alembic configuration over the packaged migrations (a checkout's or a wheel's),
-    for ``database`` (a path or a store-style URL; the token comes from $HAREL_AUTH_TOKEN)."""
+    for ``database`` (any form `harel_store.connection.url` reads; the token is its
+    ``authToken=``, else $HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN)."""
     from alembic.config import Config
 
     config = Config()
@@ -41,19 +59,4 @@ def alembic_config(database: str) -> Config:
     return config
 
 
-def database_from_env(url: str | None = None) -> str:
-    """The database to use: the argument, else ``HAREL_DATABASE_URL``, else ``harel.db``."""
-    return url or os.environ.get("HAREL_DATABASE_URL") or DEFAULT_DATABASE
-
-
-def sqlalchemy_url(database: str) -> str:
-    """A store-style database (path, ``http://``, ``https://``, ``libsql://``) as a
-    sqlalchemy-libsql URL; a ``sqlite...://`` URL is returned as it is."""
-    if database.startswith("sqlite"):
-        return database
-    parts = urlsplit(database)
-    if parts.scheme in ("http", "https", "libsql", "ws", "wss"):
-        secure = "false" if parts.scheme in ("http", "ws") else "true"
-        query = f"{parts.query}&" if parts.query else ""
-        return f"sqlite+libsql://{parts.netloc}{parts.path}?{query}secure={secure}"
-    return f"sqlite+libsql:///{database}"
+sqlalchemy_url = alembic_url  # its older name

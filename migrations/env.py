@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
-import os
 from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
 from sqlalchemy import create_engine, event, pool
 
-from harel_store.migrate import database_from_env, sqlalchemy_url
+from harel_store.migrate import (
+    DEFAULT_DATABASE,
+    database_from_env,
+    parse_database,
+    sqlalchemy_url,
+    token_from_env,
+)
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-# `harel-store migrate` hands the database over in config.attributes["url"].
-url = sqlalchemy_url(
-    config.attributes.get("url")
-    or context.get_x_argument(as_dictionary=True).get("url")
-    or os.environ.get("HAREL_DATABASE_URL")
-    or str(config.get_main_option("sqlalchemy.url") or database_from_env())
+# `harel-store migrate` hands the database over in config.attributes["url"]; else -x url=,
+# else $HAREL_DATABASE_URL, $TURSO_DATABASE_URL, alembic.ini's sqlalchemy.url, harel.db.
+# Any form the store reads; a token in it (authToken=) wins over the environment's.
+database = parse_database(
+    database_from_env(
+        config.attributes.get("url") or context.get_x_argument(as_dictionary=True).get("url"),
+        default=config.get_main_option("sqlalchemy.url") or DEFAULT_DATABASE,
+    ),
+    token_from_env(),
 )
+url = sqlalchemy_url(database)
 options: dict[str, Any] = {"transactional_ddl": True}
 # How long an upgrade of a local file waits for another process's upgrade (the driver's
 # default is not to wait at all: "database is locked").
@@ -35,7 +44,7 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    token = os.environ.get("HAREL_AUTH_TOKEN")
+    token = database.auth_token  # sqlalchemy-libsql 0.2.0 would not send one in the URL
     engine = create_engine(
         url, poolclass=pool.NullPool, connect_args={"auth_token": token} if token else {}
     )
@@ -47,7 +56,7 @@ def run_migrations_online() -> None:
     # ONE transaction: Alembic reads the revision once, so with a transaction per migration
     # another process could slip in between two of them, and both would apply the next one
     # (tests/test_migrate_concurrency.py). A kill or failure leaves the revision it started at.
-    if url.startswith("sqlite+libsql:///"):  # a local file: wait for another migrator
+    if database.local is not None:  # a local file: wait for another migrator
 
         @event.listens_for(engine, "connect")
         def _busy_timeout(dbapi_conn: Any, _record: Any) -> None:

@@ -92,7 +92,8 @@ def test_a_tls_url_is_taken_as_remote_and_fails_cleanly_against_plain_http(
     # Not OutcomeUnknown: the TLS handshake failed, so nothing was sent.
     assert type(info.value) is StoreError and isinstance(info.value.__cause__, httpx.ConnectError)
     assert str(info.value).startswith(f"cannot reach {url}: [SSL")  # it went remote, over TLS
-    assert ("libsql:// means TLS" in str(info.value)) == (scheme == "libsql")
+    hint = f"for a plain-HTTP server use http://127.0.0.1:{server.port} or libsql://"
+    assert "the server answered without TLS" in str(info.value) and hint in str(info.value)
     assert server.token not in "".join(traceback.format_exception(info.value))
     assert os.listdir(tmp_path) == []  # not opened as a local file named like the URL
 

@@ -1,42 +1,39 @@
 """The connection layer: which driver a database needs, running its reads and write batches,
 translating its errors, and reading and applying its schema revision (`revision`).
 
-- a path or ``:memory:``: `LocalConnection`, over libsql or sqlite3 (`local`);
-- ``http(s)://``, ``libsql://`` (TLS), ``ws(s)://``: `HranaConnection`, one HTTP request
-  per read or write (`hrana`);
+What a database argument means is read in one place, `url.parse_database`:
+
+- a path, ``:memory:`` or a ``file:`` URI: `LocalConnection`, over libsql or sqlite3 (`local`);
+- ``http(s)://``, ``libsql://`` (TLS), ``ws(s)://``, ``sqlite+libsql://host``:
+  `HranaConnection`, one HTTP request per read or write (`hrana`);
 - a path with a ``sync_url``: `ReplicaConnection`, local reads and writes sent to the
   primary (`replica`).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Protocol
 
 from harel_store.batch import Request
 from harel_store.checks import check_timeout
 from harel_store.connection.hrana import HranaConnection
-from harel_store.connection.local import (
-    LocalConnection,
-    check_database,
-    check_local_options,
-    open_file,
-)
+from harel_store.connection.local import LocalConnection, check_local_options, open_file
 from harel_store.connection.replica import ReplicaConnection, open_replica
+from harel_store.connection.url import DatabaseURL, is_remote, parse_database, show
 
 __all__ = [
     "Connection",
+    "DatabaseURL",
     "HranaConnection",
     "LocalConnection",
     "ReplicaConnection",
     "is_remote",
     "open_libsql",
     "open_sqlite",
+    "parse_database",
     "show",
 ]
-
-REMOTE_SCHEMES = ("libsql://", "http://", "https://", "ws://", "wss://")
 
 
 class Connection(Protocol):
@@ -54,22 +51,6 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
-def is_remote(database: str | Path) -> bool:
-    return str(database).lower().startswith(REMOTE_SCHEMES)
-
-
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
-
-
-def show(database: str | Path) -> str:
-    """The database fit for messages: anything shaped like a URL (whatever its scheme)
-    without its user info, query or fragment, any of which may carry a token."""
-    text = str(database)
-    if "://" not in text:
-        return text
-    return _USERINFO.sub(r"\1", text.split("#", 1)[0].split("?", 1)[0])
-
-
 def open_libsql(
     database: str | Path,
     *,
@@ -80,47 +61,52 @@ def open_libsql(
     synchronous: str = "FULL",
     busy_timeout: float = 5.0,
 ) -> Connection:
-    """The connection ``LibsqlStore`` takes for these arguments (see the module docstring)."""
-    database = check_database(database)
+    """The connection ``LibsqlStore`` takes for these arguments (see the module docstring).
+    A token in the URL (``?authToken=``) wins over ``auth_token``."""
+    db = parse_database(database, auth_token)
     timeout = check_timeout(timeout, "timeout")
     check_local_options(synchronous, busy_timeout)
     if sync_url is not None:
         if not isinstance(sync_url, str):
             raise TypeError(f"sync_url must be a URL string, not {type(sync_url).__name__}")
-        if not is_remote(sync_url):
+        primary = parse_database(sync_url, auth_token)
+        if primary.remote is None:
             raise ValueError(
-                f"sync_url must be an http(s):// or libsql:// URL, not {show(str(sync_url))!r}"
+                f"sync_url must be a server's URL (http(s)://, libsql://), not {primary.where!r}"
             )
-        if is_remote(database) or database == ":memory:":
+        if db.local is None or db.local == ":memory:":
             raise ValueError(
-                f"an embedded replica needs a local file to hold its copy, not {show(database)!r}"
+                f"an embedded replica needs a local file to hold its copy, not {db.where!r}"
             )
         if sync_interval is not None:
             sync_interval = check_timeout(sync_interval, "sync_interval")
         return open_replica(
-            database,
-            sync_url,
-            show(sync_url),
-            auth_token=auth_token,
+            db.local,
+            primary.remote,
+            primary.where,
+            auth_token=primary.auth_token,
             sync_interval=sync_interval,
             timeout=timeout,
             busy_timeout=busy_timeout,
         )
-    if is_remote(database):
+    if db.remote is not None:
         return HranaConnection(
-            str(database),
-            show(database),
-            auth_token=auth_token,
+            db.remote,
+            db.where,
+            auth_token=db.auth_token,
             timeout=timeout,
             busy_timeout=busy_timeout,
         )
-    return open_file(database, driver="libsql", synchronous=synchronous, busy_timeout=busy_timeout)
+    assert db.local is not None
+    return open_file(db.local, driver="libsql", synchronous=synchronous, busy_timeout=busy_timeout)
 
 
 def open_sqlite(
     database: str | Path, *, synchronous: str = "FULL", busy_timeout: float = 5.0
 ) -> LocalConnection:
     """The connection ``SqliteStore`` takes: a local file over the stdlib's sqlite3."""
-    database = check_database(database)
+    db = parse_database(database)
     check_local_options(synchronous, busy_timeout)
-    return open_file(database, driver="sqlite", synchronous=synchronous, busy_timeout=busy_timeout)
+    if db.local is None:
+        raise ValueError(f"SqliteStore opens a local file, not a server: {db.where!r}")
+    return open_file(db.local, driver="sqlite", synchronous=synchronous, busy_timeout=busy_timeout)

@@ -149,11 +149,13 @@ class ServerError(Exception):
 # ~4,000 to ~14,000 commits); with 4, never in ~29,000.
 WRITES_IN_FLIGHT = 4
 
-_SCHEMES = {"http": "http", "ws": "http", "https": "https", "libsql": "https", "wss": "https"}
+# What an https client reads when the server answered in plain HTTP (OpenSSL's words).
+_PLAIN_HTTP = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST")
 
 
 class HranaConnection:
-    """A remote primary: every request one HTTP round trip, from any thread or task at once.
+    """A remote primary at ``url`` (``http(s)://``, as `url.parse_database` makes it): every
+    request one HTTP round trip, from any thread or task at once.
 
     ``timeout`` bounds each phase of a request (connecting, sending, waiting for the
     answer). A write that was sent and got no complete answer raises `OutcomeUnknown`.
@@ -169,12 +171,19 @@ class HranaConnection:
             parts = httpx.URL(url)
         except httpx.InvalidURL as exc:
             raise ValueError(f"not a usable URL: {where} ({exc})") from None
-        scheme = _SCHEMES[parts.scheme]
-        self.url = str(parts.copy_with(scheme=scheme, username=None, password=None, query=None))
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"not an http(s) URL: {where}")
+        self.url = str(parts.copy_with(username=None, password=None, query=None))
         self.where = where
         self._endpoint = self.url.rstrip("/") + "/v3/pipeline"
         self._secrets = (auth_token,) if auth_token else ()
-        self._tls_hint = parts.scheme == "libsql"
+        self._plain_hint = ""
+        if parts.scheme == "https":
+            host = parts.netloc.decode("ascii")
+            self._plain_hint = (
+                "; the server answered without TLS: for a plain-HTTP server use "
+                f"http://{host} or libsql://{host}?tls=0"
+            )
         headers = {"Content-Type": "application/json"}
         if auth_token:
             headers["Authorization"] = f"Bearer {auth_token}"
@@ -271,10 +280,10 @@ class HranaConnection:
     def _lost(self, exc: httpx.HTTPError, wire: _Wire) -> StoreError:
         what = scrub(str(exc) or type(exc).__name__, self._secrets)
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-            hint = ""
-            if self._tls_hint and "SSL" in what:
-                hint = " (libsql:// means TLS; a server without TLS is http://host:port)"
-            return StoreError(f"cannot reach {self.where}: {what}{hint}")
+            plain = any(marker in what for marker in _PLAIN_HTTP)
+            return StoreError(
+                f"cannot reach {self.where}: {what}{self._plain_hint if plain else ''}"
+            )
         if isinstance(exc, httpx.TimeoutException):
             message = f"no answer from {self.where} within {self._timeout:g} s"
         elif isinstance(exc, httpx.TransportError):

@@ -152,20 +152,6 @@ def _exact(param: Any) -> Any:
     return str(param) if type(param) is int and not -(2**31) <= param < 2**31 else param
 
 
-def check_database(database: object) -> str:
-    """A database argument: a path or a URL, never None or a number made into a file name."""
-    if not isinstance(database, (str, os.PathLike)):
-        raise TypeError(f"database must be a path or a URL, not {type(database).__name__}")
-    text = os.fspath(database)
-    if not isinstance(text, str):
-        raise TypeError("database must be a path or a URL, not bytes")
-    if not text:
-        raise ValueError("database must not be empty (a path, a URL or ':memory:')")
-    if "\x00" in text:
-        raise ValueError("database must not contain a NUL character")
-    return text
-
-
 def check_local_options(synchronous: str, busy_timeout: float) -> None:
     if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise ValueError(f"synchronous must be FULL, NORMAL, EXTRA or OFF, not {synchronous!r}")

@@ -6,7 +6,10 @@ run the same steps over any connection.
 
 from __future__ import annotations
 
+import shlex
+
 from harel_store.batch import Batch, Conflicted, Plan, statement
+from harel_store.connection.url import migration_hint
 from harel_store.errors import SchemaError, StoreError
 from harel_store.sql import HEAD, MIGRATIONS, Migration, Query
 
@@ -47,7 +50,7 @@ def ensure_schema(where: str, migrate: bool) -> Plan[None]:
         state = "has no harel-store schema" if current is None else f"is at {current!r}"
         raise SchemaError(
             f"{where} {state}, behind head {HEAD!r}: run "
-            f"`harel-store migrate --url {where}` (or `alembic upgrade head`), "
+            f"`harel-store migrate --url {shlex.quote(where)}` (or `{migration_hint(where)}`), "
             "or open the store with migrate=True"
         )
     while current != HEAD:
