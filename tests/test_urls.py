@@ -1,0 +1,405 @@
+"""One database-URL grammar (`harel_store.connection.url`) through the library, Alembic and
+the CLI, on a local file and on a real sqld with token auth on. Every form is opened for
+real (save, then load back); a form that cannot be honoured is refused with nothing written;
+the token is never printed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import sqlite3
+import subprocess
+import traceback
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harel_store import (
+    HEAD,
+    AsyncLibsqlStore,
+    Execution,
+    LibsqlStore,
+    SchemaError,
+    SqliteStore,
+    StoreError,
+)
+from harel_store.connection.url import (
+    DatabaseURL,
+    alembic_url,
+    database_from_env,
+    is_remote,
+    migration_hint,
+    parse_database,
+    show,
+    token_from_env,
+)
+from tests.conftest import reset_remote
+from tests.helpers import ALEMBIC
+from tests.sqld import SqldServer
+
+ENV_NAMES = ("HAREL_DATABASE_URL", "TURSO_DATABASE_URL", "HAREL_AUTH_TOKEN", "TURSO_AUTH_TOKEN")
+
+# A local form, and the file it names ({tmp}: the test's directory, also the working one).
+LOCAL_FORMS = [
+    ("state.db", "state.db"),
+    ("file:state.db", "state.db"),
+    ("file:sub/state.db", "sub/state.db"),
+    ("file://{tmp}/abs.db", "abs.db"),
+    ("file://localhost{tmp}/abs.db", "abs.db"),
+    ("sqlite+libsql:///state.db", "state.db"),
+    ("sqlite+libsql:///sub/state.db", "sub/state.db"),
+    ("sqlite+libsql:///{tmp}/abs.db", "abs.db"),
+    ("file:odd%20name.db", "odd name.db"),
+]
+# A form reaching the plain-HTTP sqld ({hp}: 127.0.0.1:PORT); {token}: its token.
+REMOTE_FORMS = [
+    "http://{hp}",
+    "http://{hp}/",
+    "ws://{hp}",
+    "libsql://{hp}?tls=0",
+    "sqlite+libsql://{hp}?secure=false",
+    "sqlite+libsql://{hp}",  # sqlalchemy-libsql's default: secure=false
+    "http://{hp}?authToken={token}",
+    "libsql://{hp}?tls=0&authToken={token}",
+    "sqlite+libsql://{hp}?authToken={token}&secure=false",
+]
+# A form meaning TLS: against the plain-HTTP sqld it must fail, and say why.
+TLS_FORMS = [
+    "https://{hp}",
+    "libsql://{hp}",
+    "libsql://{hp}?tls=1",
+    "wss://{hp}",
+    "sqlite+libsql://{hp}?secure=true",
+]
+# Refused, naming what is wrong and never the secret in it.
+REFUSED = [
+    ("file:f.db?mode=ro", "cannot honour URI options (mode)"),
+    ("file:f.db?cache=shared&mode=rwc", "(cache, mode)"),
+    ("file:f.db?authToken=SECRET", "an authToken means nothing to it"),
+    ("sqlite+libsql:///f.db?authToken=SECRET", "an authToken means nothing to it"),
+    ("sqlite+libsql:///f.db?timeout=5", "cannot honour URI options (timeout)"),
+    ("file://otherhost/f.db", "names a file on this machine"),
+    ("file:", "no path"),
+    ("file:f.db#SECRET", "no #fragment"),
+    ("http://127.0.0.1:1?foo=SECRET", "unknown query parameter 'foo'"),
+    ("http://127.0.0.1:1?tls=0", "unknown query parameter 'tls'"),
+    ("libsql://127.0.0.1:1?secure=false", "unknown query parameter 'secure'"),
+    ("http://127.0.0.1:1?SECRET", "each query parameter must be name=value"),
+    ("libsql://127.0.0.1:1?tls=SECRET", "tls must be 1 or 0"),
+    ("sqlite+libsql://127.0.0.1:1?secure=SECRET", "secure must be true or 1 or false or 0"),
+    ("http://127.0.0.1:1?authToken=", "authToken= is empty"),
+    ("http://127.0.0.1:1?authToken=SECRET&authToken=SECRET", "'authToken' is given twice"),
+    ("http://user:SECRET@127.0.0.1:1", "takes no user name or password"),
+    ("http://127.0.0.1:1#SECRET", "no #fragment"),
+    ("http://127.0.0.1:99999", "the port must be a number"),
+    ("http://", "names no host"),
+    ("postgres://SECRET@db/x", "unknown scheme postgres://"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_database_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's directory, as the working one (where a relative form lands)."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def server(sqld: SqldServer) -> SqldServer:
+    reset_remote(sqld)
+    return sqld
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[SqldServer]:
+    """A server of this module's own, for Alembic to move between base and head."""
+    with SqldServer(auth=True) as srv:
+        yield srv
+
+
+def fill(form: str, srv: SqldServer | None = None, tmp: Path | None = None) -> str:
+    hp = f"127.0.0.1:{srv.port}" if srv else ""
+    return form.format(hp=hp, token=srv.token if srv else "", tmp=tmp or "")
+
+
+def roundtrip(database: str, **options: Any) -> None:
+    """Save and load one execution through LibsqlStore, another through AsyncLibsqlStore."""
+    with LibsqlStore(database, **options) as store:
+        store.save(Execution(id="sync", definition_id="d"))
+        assert store.load("sync") is not None
+
+    async def main() -> None:
+        async with await AsyncLibsqlStore.create(database, **options) as store:
+            await store.save(Execution(id="async", definition_id="d"))
+            assert await store.load("async") is not None
+
+    asyncio.run(main())
+
+
+def ids_in(path: Path) -> list[str]:
+    with closing(sqlite3.connect(path)) as conn:
+        return sorted(r[0] for r in conn.execute("SELECT id FROM harel_executions"))
+
+
+def entries(directory: Path) -> set[str]:
+    """What is in ``directory``, its ``sub`` folder included (no WAL or SHM files)."""
+    found = {p.relative_to(directory).as_posix() for p in directory.rglob("*")}
+    return {name for name in found if not name.endswith(("-wal", "-shm")) and name != "sub"}
+
+
+# --- the grammar ---
+
+
+def test_each_form_means_one_database() -> None:
+    cases: list[tuple[str | Path, str | None, str | None]] = [
+        (":memory:", ":memory:", None),
+        (Path("file:x.db"), "file:x.db", None),  # a Path is always a path
+        ("a:b.db", "a:b.db", None),  # a colon, no //: a file name
+        ("file::memory:", ":memory:", None),
+        ("sqlite+libsql://", ":memory:", None),
+        ("sqlite+libsql:///:memory:", ":memory:", None),
+        ("sqlite:///x.db", "x.db", None),  # SQLAlchemy's own sqlite:// reads alike
+        ("sqlite+libsql:///a%3Fb.db", "a?b.db", None),
+        ("https://h", None, "https://h"),
+        ("HTTP://h:1/p", None, "http://h:1/p"),
+        ("libsql://h", None, "https://h"),
+        ("libsql://h:1?tls=0", None, "http://h:1"),
+        ("ws://h:1", None, "http://h:1"),
+        ("wss://h", None, "https://h"),
+        ("sqlite+libsql://h:1", None, "http://h:1"),
+        ("sqlite+libsql://h:1?secure=TRUE", None, "https://h:1"),
+        ("sqlite+libsql://h:1/db?secure=false", None, "http://h:1/db"),
+    ]
+    for form, local, remote in cases:
+        db = parse_database(form)
+        assert (db.local, db.remote) == (local, remote), form
+        assert is_remote(form) == (remote is not None)
+
+
+def test_a_token_in_the_url_wins_and_is_never_shown() -> None:
+    db = parse_database("libsql://h?authToken=URLTOKEN&tls=0", auth_token="ARG")
+    assert db.auth_token == "URLTOKEN" and db.remote == "http://h"
+    assert "URLTOKEN" not in repr(db) + db.where + str(db) + alembic_url(db) + migration_hint(db)
+    assert db.where == "libsql://h?tls=0"  # tls= stays: it changes what the URL means
+    assert parse_database("http://h", auth_token="ARG").auth_token == "ARG"
+    assert show("sqlite+libsql://u:p@h:1?authToken=T&secure=false#f") == (
+        "sqlite+libsql://h:1?secure=false"
+    )
+    assert show("file:f.db?authToken=T") == "file:f.db"
+
+
+@pytest.mark.parametrize(("form", "message"), REFUSED)
+def test_a_form_that_cannot_be_honoured_is_refused_with_nothing_written(
+    form: str, message: str, here: Path
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        parse_database(form)
+    assert "SECRET" not in str(info.value)
+    for opener in (LibsqlStore, SqliteStore):
+        with pytest.raises(ValueError) as info:
+            opener(form)
+        assert "SECRET" not in "".join(traceback.format_exception(info.value))
+    with pytest.raises(ValueError):
+        asyncio.run(AsyncLibsqlStore.create(form))
+    with pytest.raises(ValueError):
+        LibsqlStore(here / "replica.db", sync_url=form)
+    assert entries(here) == set()
+
+
+def test_wrong_types_are_refused() -> None:
+    with pytest.raises(TypeError, match="auth_token must be a string"):
+        parse_database("http://h", auth_token=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="database must be a path or a URL"):
+        parse_database(8080)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a server's URL"):
+        LibsqlStore("r.db", sync_url="file:primary.db")
+    with pytest.raises(ValueError, match="a local file, not a server"):
+        SqliteStore("libsql://h")
+
+
+def test_the_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (database_from_env(), token_from_env()) == ("harel.db", "")
+    monkeypatch.setenv("TURSO_DATABASE_URL", "libsql://turso")
+    monkeypatch.setenv("TURSO_AUTH_TOKEN", "t-token")
+    assert (database_from_env(), token_from_env()) == ("libsql://turso", "t-token")
+    monkeypatch.setenv("HAREL_DATABASE_URL", "harel.example.db")
+    monkeypatch.setenv("HAREL_AUTH_TOKEN", "h-token")
+    assert (database_from_env(), token_from_env()) == ("harel.example.db", "h-token")
+    assert database_from_env("given.db") == "given.db"
+    monkeypatch.setenv("HAREL_DATABASE_URL", "")  # set and empty counts as unset
+    assert database_from_env() == "libsql://turso"
+    from harel_store import migrate  # its older names still work
+
+    assert migrate.database_from_env() == "libsql://turso"
+    assert migrate.sqlalchemy_url("ws://h:1") == "sqlite+libsql://h:1?secure=false"
+
+
+def test_the_alembic_form_of_each_database(tmp_path: Path) -> None:
+    assert alembic_url("state.db") == "sqlite+libsql:///state.db"
+    assert alembic_url(tmp_path / "a b.db") == f"sqlite+libsql:///{tmp_path}/a%20b.db"
+    assert alembic_url("file:f.db") == "sqlite+libsql:///f.db"
+    assert alembic_url("libsql://h:1?tls=0&authToken=T") == "sqlite+libsql://h:1?secure=false"
+    assert alembic_url("libsql://h") == "sqlite+libsql://h?secure=true"
+    assert alembic_url(DatabaseURL(None, "https://h/", "h")) == "sqlite+libsql://h?secure=true"
+    assert migration_hint("http://127.0.0.1:8080?authToken=T") == (
+        "alembic -x 'url=sqlite+libsql://127.0.0.1:8080?secure=false' upgrade head"
+    )
+    for form, _ in LOCAL_FORMS:  # the Alembic form names the same file
+        form = fill(form, tmp=tmp_path)
+        assert parse_database(alembic_url(form)).local == parse_database(form).local
+
+
+# --- the library ---
+
+
+@pytest.mark.parametrize(("form", "name"), LOCAL_FORMS)
+def test_the_library_opens_each_local_form(form: str, name: str, here: Path) -> None:
+    roundtrip(fill(form, tmp=here))
+    assert entries(here) == {name}  # that file, and no file named like the URL
+    assert ids_in(here / name) == ["async", "sync"]
+
+
+@pytest.mark.sqld
+@pytest.mark.parametrize("form", REMOTE_FORMS)
+def test_the_library_opens_each_remote_form(form: str, server: SqldServer, here: Path) -> None:
+    url = fill(form, server)
+    # A token in the URL wins over the argument (a token the server refuses).
+    token = server.foreign_token() if "authToken" in form else server.token
+    roundtrip(url, auth_token=token)
+    assert server.rows("SELECT id FROM harel_executions ORDER BY id") == [("async",), ("sync",)]
+    assert entries(here) == set()  # not opened as a local file named like the URL
+    # Without the token, or with the right one as the argument and a wrong one in the URL:
+    # refused, and neither token is shown.
+    wrong = url.replace(server.token, server.foreign_token())
+    with pytest.raises(StoreError, match="authentication failed") as info:
+        LibsqlStore(wrong, auth_token=server.token) if wrong != url else LibsqlStore(url)
+    assert server.token not in str(info.value) and "eyJ" not in str(info.value)
+
+
+@pytest.mark.sqld
+def test_a_replica_takes_its_primary_in_any_remote_form(server: SqldServer, here: Path) -> None:
+    for n, form in enumerate(("ws://{hp}?authToken={token}", "libsql://{hp}?tls=0")):
+        with LibsqlStore(f"r{n}.db", sync_url=fill(form, server), auth_token=server.token) as r:
+            r.save(Execution(id=f"r{n}", definition_id="d"))
+    assert server.rows("SELECT id FROM harel_executions ORDER BY id") == [("r0",), ("r1",)]
+
+
+@pytest.mark.sqld
+@pytest.mark.parametrize("form", TLS_FORMS)
+def test_a_tls_form_at_a_plain_http_server_says_what_to_write(
+    form: str, server: SqldServer, here: Path
+) -> None:
+    url = fill(form, server)
+    for open_store in (
+        lambda: LibsqlStore(url, auth_token=server.token),
+        lambda: asyncio.run(AsyncLibsqlStore.create(url, auth_token=server.token)),
+    ):
+        with pytest.raises(StoreError) as info:
+            open_store()
+        message = str(info.value)
+        assert message.startswith(f"cannot reach {show(url)}: [SSL"), message
+        hp = f"127.0.0.1:{server.port}"
+        assert message.endswith(
+            "the server answered without TLS: for a plain-HTTP server use "
+            f"http://{hp} or libsql://{hp}?tls=0"
+        )
+        assert "\n" not in message
+        assert server.token not in "".join(traceback.format_exception(info.value))
+    assert entries(here) == set()
+
+
+# --- Alembic ---
+
+
+def alembic(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    base = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
+    result = subprocess.run(
+        [*ALEMBIC, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("form", "name"), LOCAL_FORMS)
+def test_alembic_reads_each_local_form(form: str, name: str, here: Path) -> None:
+    alembic("-x", f"url={fill(form, tmp=here)}", "upgrade", "head", cwd=here)
+    assert entries(here) == {name}
+    with LibsqlStore(here / name, migrate=False) as store:
+        assert store.schema_revision == HEAD
+
+
+@pytest.mark.sqld
+def test_alembic_reads_each_remote_form(own_server: SqldServer, tmp_path: Path) -> None:
+    env = {"HAREL_AUTH_TOKEN": own_server.token}
+    foreign = {"HAREL_AUTH_TOKEN": own_server.foreign_token()}  # the URL's token wins
+    for form, token_env in [
+        ("ws://{hp}", env),
+        ("libsql://{hp}?tls=0", env),
+        ("http://{hp}?authToken={token}", foreign),
+        ("sqlite+libsql://{hp}?secure=false&authToken={token}", {}),
+        ("sqlite+libsql://{hp}", env),
+    ]:
+        url = fill(form, own_server)
+        out = alembic("-x", f"url={url}", "downgrade", "base", cwd=tmp_path, env=token_env)
+        assert own_server.rows("SELECT name FROM sqlite_master WHERE name LIKE 'harel%'") == []
+        out += alembic("-x", f"url={url}", "upgrade", "head", cwd=tmp_path, env=token_env)
+        assert own_server.rows("SELECT version_num FROM alembic_version") == [(HEAD,)]
+        assert own_server.token not in out
+    assert entries(tmp_path) == set()
+
+
+@pytest.mark.sqld
+def test_alembic_takes_the_turso_environment(own_server: SqldServer, tmp_path: Path) -> None:
+    turso = {"TURSO_DATABASE_URL": fill("libsql://{hp}?tls=0", own_server)}
+    turso["TURSO_AUTH_TOKEN"] = own_server.token
+    assert f"{HEAD} (head)" in alembic("current", cwd=tmp_path, env=turso)
+    # HAREL_* come first: the file, not the server (whose token is still TURSO_'s).
+    alembic("upgrade", "head", cwd=tmp_path, env={**turso, "HAREL_DATABASE_URL": "h.db"})
+    assert entries(tmp_path) == {"h.db"}
+
+
+def test_the_behind_head_hint_is_a_command_that_works(here: Path) -> None:
+    db = "file:behind.db"
+    with pytest.raises(SchemaError) as info:
+        LibsqlStore(db, migrate=False)
+    command = re.findall(r"`(alembic [^`]*)`", str(info.value))
+    assert command == [migration_hint("behind.db")]
+    alembic(*shlex.split(command[0])[1:], cwd=here)
+    with LibsqlStore(db, migrate=False) as store:
+        assert store.schema_revision == HEAD
+
+
+@pytest.mark.sqld
+def test_the_behind_head_hint_on_a_server(own_server: SqldServer, tmp_path: Path) -> None:
+    url = fill("libsql://{hp}?tls=0&authToken={token}", own_server)
+    env = {"HAREL_AUTH_TOKEN": own_server.token}
+    alembic("-x", f"url={url}", "downgrade", "base", cwd=tmp_path)
+    with pytest.raises(SchemaError) as info:
+        LibsqlStore(url)
+    message = str(info.value)
+    assert own_server.token not in message
+    hp = f"127.0.0.1:{own_server.port}"
+    assert f"harel-store migrate --url 'libsql://{hp}?tls=0'" in message
+    command = re.findall(r"`(alembic [^`]*)`", message)
+    assert command == [f"alembic -x 'url=sqlite+libsql://{hp}?secure=false' upgrade head"]
+    alembic(*shlex.split(command[0])[1:], cwd=tmp_path, env=env)
+    with LibsqlStore(url) as store:
+        assert store.schema_revision == HEAD
