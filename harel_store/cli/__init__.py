@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from harel_store import __version__
 from harel_store.cli import demo, executions, schema, status
 from harel_store.cli.common import Command
 from harel_store.cli.output import PROG, TOKEN_ENV, Failure, fail
@@ -55,6 +56,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog=PROG, description=TOP_HELP, formatter_class=raw)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     common = _Parser(add_help=False)
     where = common.add_argument_group("database")
     where.add_argument("--url", help="a file path or http(s)/libsql URL")
