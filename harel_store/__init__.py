@@ -23,6 +23,8 @@ from harel_store.models import (
 from harel_store.sql import HEAD
 from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, SqliteStore
 
+__version__ = "0.1.0"
+
 __all__ = [
     "DEFAULT_TRACE_MAX",
     "HEAD",

@@ -17,7 +17,13 @@ from harel_store.migrate import (
 )
 
 config = context.config
-if config.config_file_name is not None and config.attributes.get("configure_logger", True):
+# Logging as the ini says, when it says anything: a minimal ini (only `script_location =
+# harel_store:migrations`, as next to an installed wheel) has no logging sections.
+if (
+    config.config_file_name is not None
+    and config.attributes.get("configure_logger", True)
+    and config.file_config.has_section("formatters")
+):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 # `harel-store migrate` hands the database over in config.attributes["url"]; else -x url=,

@@ -18,6 +18,7 @@ from pathlib import Path
 import libsql
 import pytest
 
+import harel_store
 from harel_store import HEAD, Event, Execution, LibsqlStore, TimerOp
 from harel_store.cli import COMMANDS, main
 from harel_store.models import Status
@@ -337,7 +338,9 @@ def test_the_wheel_carries_sql_and_migrations_and_migrates_outside_the_repo(
     for m in MIGRATIONS:
         expected |= {f"harel_store/sql/migrations/{m.name}.{d}.sql" for d in ("up", "down")}
         expected.add(f"harel_store/migrations/versions/{m.name}.py")
+    expected |= {"harel_store/py.typed", "harel_store/__main__.py"}
     assert expected <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
@@ -355,6 +358,24 @@ def test_the_wheel_carries_sql_and_migrations_and_migrates_outside_the_repo(
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0].startswith(str(tmp_path / "site"))
     with closing(sqlite3.connect(work / "w.db")) as conn, conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+
+    # python -m harel_store, and --version from the package's own __version__
+    version = subprocess.run(
+        [sys.executable, "-m", "harel_store", "--version"],
+        capture_output=True, text=True, cwd=work, env=env, timeout=60, check=True,
+    )  # fmt: skip
+    assert version.stdout.split() == ["harel-store", harel_store.__version__]
+
+    # Plain Alembic from the installed wheel, with the README's minimal ini (no logging
+    # sections: env.py used to fail on them with KeyError 'formatters').
+    (work / "alembic.ini").write_text("[alembic]\nscript_location = harel_store:migrations\n")
+    alembic = subprocess.run(
+        [sys.executable, "-m", "alembic", "-x", "url=a.db", "upgrade", "head"],
+        capture_output=True, text=True, cwd=work, env=env, timeout=120,
+    )  # fmt: skip
+    assert alembic.returncode == 0, alembic.stderr
+    with closing(sqlite3.connect(work / "a.db")) as conn, conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
 
 

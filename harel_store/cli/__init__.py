@@ -1,0 +1,106 @@
+"""The ``harel-store`` command: migrate, inspect, trace and purge a harel-store database.
+
+One module per command group, each command's arguments next to it (`Command.configure`);
+what they print goes through `output`. Exit codes: 0 ok, 1 failure, 2 usage. Errors are
+one line on stderr; the auth token is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from harel_store import __version__
+from harel_store.cli import demo, executions, schema, status
+from harel_store.cli.common import Command
+from harel_store.cli.output import PROG, TOKEN_ENV, Failure, fail
+from harel_store.errors import StoreError
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
+
+COMMANDS: list[Command] = [
+    *schema.COMMANDS[:1],
+    *status.COMMANDS,
+    *executions.COMMANDS,
+    *schema.COMMANDS[1:],
+    *demo.COMMANDS,
+]
+
+TOP_HELP = f"""\
+Operate a harel-store database: a local file, a remote libSQL URL or an embedded replica.
+
+The database is --url, else $HAREL_DATABASE_URL, else harel.db (demo: harel-demo.db).
+The auth token for a remote database comes from ${TOKEN_ENV} only.
+
+examples:
+  {PROG} demo
+  {PROG} migrate --url state.db
+  HAREL_DATABASE_URL=http://127.0.0.1:8080 {PROG} status
+  {PROG} ls --status failed --roots
+  {PROG} show order-1a2b3c4d
+  {PROG} schema --check
+
+exit codes: 0 ok, 1 failure, 2 usage error
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """A usage error is one line too (the usage itself is one ``--help`` away)."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog=PROG, description=TOP_HELP, formatter_class=raw)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    common = _Parser(add_help=False)
+    where = common.add_argument_group("database")
+    where.add_argument("--url", help="a file path or http(s)/libsql URL")
+    where.add_argument(
+        "--sync-url", metavar="URL", help="open --url as an embedded replica of this primary"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        p = sub.add_parser(
+            command.name,
+            help=command.summary,
+            description=command.summary,
+            epilog=command.epilog,
+            parents=[common],
+            formatter_class=raw,
+        )
+        p.set_defaults(run=command.run)
+        command.configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # usage errors exit 2 here
+    # libsql's replica client logs INFO lines (in colour) to stdout unless RUST_LOG is set,
+    # which would corrupt piped output; failures reach us as exceptions anyway.
+    os.environ.setdefault("RUST_LOG", "off")
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except (Failure, StoreError) as exc:  # SchemaError says to run `harel-store migrate`
+        return fail(str(exc), 1)
+    except (ValueError, TypeError) as exc:
+        return fail(str(exc), 2)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, with no flush error at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # alembic, SQLAlchemy, the OS: still one line, no traceback
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return fail(f"{type(exc).__name__}: {first}" if first else type(exc).__name__, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""What every command shares: the `Command` record, opening the database, and argument
+types."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+from harel_store.batch import drive
+from harel_store.cli.output import PROG, Failure, token
+from harel_store.connection import Connection, is_remote, open_libsql, show
+from harel_store.connection.revision import revision
+from harel_store.migrate import database_from_env
+from harel_store.models import Execution
+from harel_store.store import LibsqlStore, Store
+
+
+class Command(NamedTuple):
+    """One subcommand: its name, one-line summary, ``--help`` epilog (with examples), what
+    it runs, and what adds its own arguments to its parser."""
+
+    name: str
+    summary: str
+    epilog: str
+    run: Callable[[argparse.Namespace], int]
+    configure: Callable[[argparse.ArgumentParser], None]
+
+
+def database(args: argparse.Namespace) -> str:
+    return database_from_env(args.url)
+
+
+def require_local(database: str, sync_url: str | None) -> None:
+    """A missing local file is a mistake, not a database to create by looking at it."""
+    local = sync_url is None and not is_remote(database) and database != ":memory:"
+    if local and not Path(database).exists():
+        raise Failure(f"{show(database)} does not exist: create it with `{PROG} migrate --url ...`")
+
+
+def open_store(args: argparse.Namespace) -> LibsqlStore:
+    """The store, checked (never migrated): a schema behind head is a one-line failure."""
+    where = database(args)
+    require_local(where, args.sync_url)
+    return LibsqlStore(where, auth_token=token(), sync_url=args.sync_url, migrate=False)
+
+
+@contextmanager
+def connection(database: str) -> Iterator[Connection]:
+    """The database through the store's connection layer, whatever its schema (a replica's
+    primary is reached by its own URL: migrate and schema act there)."""
+    conn = open_libsql(database, auth_token=token())
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def current_revision(database: str) -> str | None:
+    with connection(database) as conn:
+        return drive(conn.execute, revision())
+
+
+def load(store: Store, args: argparse.Namespace) -> Execution:
+    """The execution ``args.id``, or a one-line failure naming the database."""
+    exe = store.load(args.id)
+    if exe is None:
+        raise Failure(f"no execution {args.id!r} in {show(database(args))}")
+    return exe
+
+
+def limit(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON output")
+
+
+def add_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID", help="execution id")

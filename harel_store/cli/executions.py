@@ -1,0 +1,257 @@
+"""``ls``, ``show``, ``trace`` and ``purge``: executions, one at a time or paged."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pydantic import ValidationError
+
+from harel_store.cli.common import Command, add_id, add_json, limit, load, open_store
+from harel_store.cli.output import (
+    COLOURS,
+    PROG,
+    Failure,
+    colour_on,
+    paint,
+    plain,
+    since,
+    to_json,
+    when,
+)
+from harel_store.errors import StoreError
+from harel_store.models import STATUSES, Execution, ExecutionSummary
+from harel_store.store import MAX_PAGE, Store
+
+COLUMNS = ("ID", "DEFINITION", "VERSION", "STATUS", "OUTCOME", "ACTIVE PATH", "PARENT", "FINISHED")
+
+
+def _cells(s: ExecutionSummary) -> list[str]:
+    text = [s.id, s.definition_id, str(s.version), s.status, s.outcome, s.active_path, s.parent_id]
+    return [plain(cell or "") for cell in text] + [when(s.finished_at)]
+
+
+def ls(args: argparse.Namespace) -> int:
+    on = colour_on(sys.stdout)
+    remaining = None if args.all else args.limit
+    widths: list[int] | None = None
+    shown = 0
+    cursor = None
+    with open_store(args) as store:
+        while True:
+            page = store.list_executions(
+                definition_id=args.definition,
+                status=args.status,
+                roots_only=args.roots,
+                limit=MAX_PAGE if remaining is None else min(MAX_PAGE, remaining),
+                cursor=cursor,
+            )
+            for item in page.items:
+                if args.json:
+                    print(to_json(item.model_dump(mode="json"), separators=(",", ":")))
+                    continue
+                cells = _cells(item)
+                if widths is None:  # sized on the first page, so the table streams
+                    rows = [list(COLUMNS)] + [_cells(i) for i in page.items]
+                    widths = [max(len(r[c]) for r in rows) for c in range(len(COLUMNS))]
+                    header = "  ".join(h.ljust(w) for h, w in zip(COLUMNS, widths, strict=True))
+                    print(paint(header.rstrip(), "1", on))
+                padded = [cell.ljust(w) for cell, w in zip(cells, widths, strict=True)]
+                padded[3] = paint(padded[3], COLOURS.get(item.status), on)
+                print("  ".join(padded).rstrip())
+            shown += len(page.items)
+            cursor = page.next_cursor
+            if remaining is not None:
+                remaining -= len(page.items)
+            if cursor is None:
+                break
+            if remaining == 0:
+                print(
+                    f"{PROG}: showing the first {shown}; more match (use --all or --limit N)",
+                    file=sys.stderr,
+                )
+                break
+    if shown == 0:
+        print(f"{PROG}: no executions match", file=sys.stderr)
+    return 0
+
+
+def show_execution(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        exe = load(store, args)
+        doc = {
+            "execution": exe.model_dump(mode="json"),
+            "timers": [
+                {"path": path, "fire_at": at, "fire_at_utc": when(at)}
+                for path, at in store.timers_of(args.id)
+            ],
+            "outbox": [
+                {"seq": e.seq, "event": e.event.model_dump(mode="json")}
+                for e in store.outbox_for(args.id)
+            ],
+            "children": [c.model_dump(mode="json") for c in store.children_of(args.id)],
+        }
+    print(to_json(doc, indent=2))
+    return 0
+
+
+def trace(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        steps = store.read_trace(args.id)
+        if not steps:
+            load(store, args)
+    if args.json:
+        for step in steps:
+            print(to_json(step))
+        return 0
+    if not steps:
+        print(f"{PROG}: {plain(args.id)} has no trace steps", file=sys.stderr)
+        return 0
+    on = colour_on(sys.stdout)
+    start = next((s["at"] for s in steps if isinstance(s.get("at"), (int, float))), None)
+    rows = []
+    for step in steps:
+        rest = dict(step)
+        index, at = rest.pop("index"), rest.pop("at", None)
+        moment = delta = ""
+        if isinstance(at, (int, float)) and start is not None:
+            moment, delta = when(at), since(at, start)
+        cells = (
+            str(index),
+            moment,
+            delta,
+            str(rest.pop("event", "")),
+            str(rest.pop("transition", "")),
+            to_json(rest, separators=(",", ":")) if rest else "",
+        )
+        rows.append(tuple(plain(cell) for cell in cells))
+    widths = [max(len(row[c]) for row in rows) for c in range(5)]
+    for index, moment, delta, event, transition, extra in rows:
+        line = "  ".join(
+            [
+                index.rjust(widths[0]),
+                moment.ljust(widths[1]),
+                delta.rjust(widths[2]),
+                paint(event.ljust(widths[3]), "1", on),
+                transition.ljust(widths[4]),
+                extra,
+            ]
+        )
+        print(line.rstrip())
+    return 0
+
+
+def _decoded(store: Store, args: argparse.Namespace) -> Execution | None:
+    """``_load``, or None when the stored record cannot be decoded."""
+    try:
+        return load(store, args)
+    except StoreError as exc:
+        if isinstance(exc.__cause__, ValidationError):
+            return None
+        raise
+
+
+def purge(args: argparse.Namespace) -> int:
+    # With --version nothing is read but summary columns, so a corrupt record can be purged.
+    with open_store(args) as store:
+        version = args.version
+        if version is None:
+            exe = _decoded(store, args)
+            if exe is None:
+                raise Failure(
+                    f"execution {args.id!r} has a corrupt stored record: purge it unread with"
+                    f" --version V (V is its VERSION in `{PROG} ls`)"
+                )
+            if exe.status == "running" and not args.tree:
+                raise Failure(
+                    f"{args.id} is still running: pass --version {exe.version} to purge it anyway"
+                )
+            version = exe.version
+        if args.tree:
+            purged = store.purge_tree(args.id, version)
+        else:
+            purged = [args.id] if store.purge(args.id, version) else []
+        if not purged:
+            now = _decoded(store, args)
+            if now is None:
+                raise Failure(f"{args.id} is not at version {version}: nothing purged")
+            raise Failure(f"{args.id} is at version {now.version}, not {version}: nothing purged")
+    if args.tree:
+        print(f"purged {len(purged)} executions: {', '.join(map(plain, purged))}")
+    else:
+        print(f"purged {plain(args.id)} (version {version})")
+    return 0
+
+
+def configure_ls(parser: argparse.ArgumentParser) -> None:
+    add_json(parser)
+    parser.add_argument(
+        "--status", action="append", choices=STATUSES, help="any of these (repeatable)"
+    )
+    parser.add_argument("--definition", metavar="D", help="only this definition id")
+    parser.add_argument("--roots", action="store_true", help="only executions without a parent")
+    parser.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N rows (50)")
+    parser.add_argument("--all", action="store_true", help="every matching row, page by page")
+
+
+def configure_show(parser: argparse.ArgumentParser) -> None:
+    add_id(parser)
+
+
+def configure_trace(parser: argparse.ArgumentParser) -> None:
+    add_id(parser)
+    add_json(parser)
+
+
+def configure_purge(parser: argparse.ArgumentParser) -> None:
+    add_id(parser)
+    parser.add_argument(
+        "--version", type=int, metavar="V", help="purge only at this version (default: current)"
+    )
+    parser.add_argument("--tree", action="store_true", help="also purge every descendant")
+
+
+COMMANDS = [
+    Command(
+        "ls",
+        "list executions (paged by id)",
+        f"""examples:
+  {PROG} ls
+  {PROG} ls --status running --status failed --definition order --roots
+  {PROG} ls --all --json | jq -r .id""",
+        ls,
+        configure_ls,
+    ),
+    Command(
+        "show",
+        "one execution with its timers, pending outbox entries and children, as JSON",
+        f"""examples:
+  {PROG} show order-1a2b3c4d
+  {PROG} show order-1a2b3c4d | jq .execution.context""",
+        show_execution,
+        configure_show,
+    ),
+    Command(
+        "trace",
+        "an execution's trace ring as a timeline",
+        f"""examples:
+  {PROG} trace order-1a2b3c4d
+  {PROG} trace order-1a2b3c4d --json""",
+        trace,
+        configure_trace,
+    ),
+    Command(
+        "purge",
+        "delete an execution, or a finished execution and all its descendants",
+        f"""A running execution is purged only with an explicit --version; --tree refuses
+while any execution of the tree is still running. With --version the stored record is
+not read, so a corrupt one can be purged.
+
+examples:
+  {PROG} purge order-1a2b3c4d
+  {PROG} purge order-1a2b3c4d --tree
+  {PROG} purge stuck-42 --version 7""",
+        purge,
+        configure_purge,
+    ),
+]
