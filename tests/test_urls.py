@@ -41,6 +41,7 @@ from harel_store.connection.url import (
 from tests.conftest import reset_remote
 from tests.helpers import ALEMBIC
 from tests.sqld import SqldServer
+from tests.test_cli import cli, failed, ok
 
 ENV_NAMES = ("HAREL_DATABASE_URL", "TURSO_DATABASE_URL", "HAREL_AUTH_TOKEN", "TURSO_AUTH_TOKEN")
 
@@ -81,6 +82,8 @@ REFUSED = [
     ("file:f.db?mode=ro", "cannot honour URI options (mode)"),
     ("file:f.db?cache=shared&mode=rwc", "(cache, mode)"),
     ("file:f.db?authToken=SECRET", "an authToken means nothing to it"),
+    ("f.db?authToken=SECRET", "an authToken means nothing to it"),
+    ("f.db?x=1&authToken=SECRET", "an authToken means nothing to it"),
     ("sqlite+libsql:///f.db?authToken=SECRET", "an authToken means nothing to it"),
     ("sqlite+libsql:///f.db?timeout=5", "cannot honour URI options (timeout)"),
     ("file://otherhost/f.db", "names a file on this machine"),
@@ -167,6 +170,7 @@ def test_each_form_means_one_database() -> None:
         (":memory:", ":memory:", None),
         (Path("file:x.db"), "file:x.db", None),  # a Path is always a path
         ("a:b.db", "a:b.db", None),  # a colon, no //: a file name
+        ("a?b=c.db", "a?b=c.db", None),  # so is a '?' in a path (not in a URL)
         ("file::memory:", ":memory:", None),
         ("sqlite+libsql://", ":memory:", None),
         ("sqlite+libsql:///:memory:", ":memory:", None),
@@ -403,3 +407,97 @@ def test_the_behind_head_hint_on_a_server(own_server: SqldServer, tmp_path: Path
     alembic(*shlex.split(command[0])[1:], cwd=tmp_path, env=env)
     with LibsqlStore(url) as store:
         assert store.schema_revision == HEAD
+
+
+# --- the CLI ---
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, secret: str = "") -> str:
+    """``harel-store ARGS``: its stdout; it must succeed and print no token."""
+    result = cli(*args, cwd=cwd, env=env)
+    if secret:
+        assert secret not in result.stdout + result.stderr
+    return ok(result)
+
+
+@pytest.mark.parametrize(("form", "name"), LOCAL_FORMS)
+def test_the_cli_reads_each_local_form(form: str, name: str, here: Path) -> None:
+    url = fill(form, tmp=here)
+    assert f"schema at revision {HEAD}" in run_cli("migrate", "--url", url, cwd=here)
+    assert entries(here) == {name}  # not `file:state.db` nor `sqlite+libsql:` (old bugs)
+    assert "executions" in run_cli("status", "--url", url, cwd=here)
+    assert "matches head" in run_cli("schema", "--check", "--url", url, cwd=here)
+
+
+def test_the_cli_environment_on_a_file(here: Path) -> None:
+    run_cli("migrate", cwd=here, env={"TURSO_DATABASE_URL": "file:t.db"})
+    assert entries(here) == {"t.db"}
+    env = {"TURSO_DATABASE_URL": "file:t.db", "HAREL_DATABASE_URL": "sqlite+libsql:///h.db"}
+    run_cli("migrate", cwd=here, env=env)  # HAREL_ first
+    assert entries(here) == {"t.db", "h.db"}
+    line = failed(cli("status", "--url", "file:t.db?mode=ro", cwd=here), 2)
+    assert "cannot honour URI options (mode)" in line
+    line = failed(cli("status", "--url", "sqlite+libsql:///t.db?authToken=SECRET", cwd=here), 2)
+    assert "an authToken means nothing to it" in line and "SECRET" not in line
+
+
+def test_the_cli_behind_head_names_both_commands(here: Path) -> None:
+    run_cli("migrate", "--url", "file:b.db", "--to", "base", cwd=here)
+    line = failed(cli("status", "--url", "file:b.db", cwd=here))
+    assert "`harel-store migrate --url b.db`" in line
+    assert f"`{migration_hint('b.db')}`" in line
+
+
+@pytest.mark.sqld
+def test_the_cli_reads_each_remote_form(own_server: SqldServer, here: Path) -> None:
+    token = own_server.token
+    env = {"HAREL_AUTH_TOKEN": token}
+    hp = f"127.0.0.1:{own_server.port}"
+    run_cli("migrate", "--url", f"ws://{hp}", "--to", "base", cwd=here, env=env, secret=token)
+    line = failed(cli("status", "--url", f"libsql://{hp}?tls=0", cwd=here, env=env))
+    assert f"alembic -x 'url=sqlite+libsql://{hp}?secure=false' upgrade head" in line
+    for form, form_env in [
+        ("sqlite+libsql://{hp}?secure=false", env),
+        ("libsql://{hp}?tls=0", env),
+        ("ws://{hp}", {"TURSO_AUTH_TOKEN": token}),
+        ("http://{hp}?authToken={token}", {"HAREL_AUTH_TOKEN": own_server.foreign_token()}),
+    ]:
+        url = fill(form, own_server)
+        out = run_cli("migrate", "--url", url, cwd=here, env=form_env, secret=token)
+        assert f"schema at revision {HEAD}" in out
+        assert "executions" in run_cli("status", "--url", url, cwd=here, env=form_env, secret=token)
+        assert "matches head" in run_cli(
+            "schema", "--check", "--url", url, cwd=here, env=form_env, secret=token
+        )
+    assert entries(here) == set()  # none opened as a local file named like the URL
+
+
+@pytest.mark.sqld
+def test_the_cli_takes_the_turso_environment(own_server: SqldServer, here: Path) -> None:
+    turso = {
+        "TURSO_DATABASE_URL": fill("libsql://{hp}?tls=0", own_server),
+        "TURSO_AUTH_TOKEN": own_server.token,
+    }
+    assert "executions" in run_cli("status", cwd=here, env=turso, secret=own_server.token)
+    # HAREL_* win: HAREL_AUTH_TOKEN (refused) over TURSO_AUTH_TOKEN; then the file over both.
+    refused = cli("status", cwd=here, env={**turso, "HAREL_AUTH_TOKEN": "x" + own_server.token})
+    assert "authentication failed" in failed(refused)
+    assert own_server.token not in refused.stderr
+    run_cli("migrate", cwd=here, env={**turso, "HAREL_DATABASE_URL": "h.db"})
+    assert entries(here) == {"h.db"}
+
+
+@pytest.mark.sqld
+def test_the_cli_says_what_to_write_for_a_plain_http_server(
+    own_server: SqldServer, here: Path
+) -> None:
+    hp = f"127.0.0.1:{own_server.port}"
+    for form in TLS_FORMS:
+        url = fill(form, own_server)
+        for command in (("status",), ("migrate",)):
+            result = cli(*command, "--url", url, cwd=here, env={"HAREL_AUTH_TOKEN": "T0KEN"})
+            line = failed(result)
+            assert "T0KEN" not in result.stdout + result.stderr
+            if command == ("status",):
+                assert f"use http://{hp} or libsql://{hp}?tls=0" in line, line
+    assert entries(here) == set()

@@ -16,7 +16,7 @@ from typing import NoReturn
 from harel_store import __version__
 from harel_store.cli import demo, executions, schema, status
 from harel_store.cli.common import Command
-from harel_store.cli.output import PROG, TOKEN_ENV, Failure, fail
+from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -32,8 +32,10 @@ COMMANDS: list[Command] = [
 TOP_HELP = f"""\
 Operate a harel-store database: a local file, a remote libSQL URL or an embedded replica.
 
-The database is --url, else $HAREL_DATABASE_URL, else harel.db (demo: harel-demo.db).
-The auth token for a remote database comes from ${TOKEN_ENV} only.
+The database is --url, else $HAREL_DATABASE_URL, else $TURSO_DATABASE_URL, else harel.db
+(demo: harel-demo.db): a path, file:, http(s)://, libsql:// (TLS; ?tls=0 for plain HTTP),
+ws(s)://, or Alembic's sqlite+libsql:// form. The auth token for a remote database comes
+from $HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN (or authToken= in the URL); never printed.
 
 examples:
   {PROG} demo
@@ -59,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     common = _Parser(add_help=False)
     where = common.add_argument_group("database")
-    where.add_argument("--url", help="a file path or http(s)/libsql URL")
+    where.add_argument(
+        "--url", help="a path, file:, http(s)://, libsql://, ws(s):// or sqlite+libsql:// URL"
+    )
     where.add_argument(
         "--sync-url", metavar="URL", help="open --url as an embedded replica of this primary"
     )

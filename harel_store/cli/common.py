@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from harel_store.batch import drive
 from harel_store.cli.output import PROG, Failure, token
-from harel_store.connection import Connection, is_remote, open_libsql, show
+from harel_store.connection import Connection, open_libsql, parse_database, show
 from harel_store.connection.revision import revision
 from harel_store.migrate import database_from_env
 from harel_store.models import Execution
@@ -30,13 +30,19 @@ class Command(NamedTuple):
 
 
 def database(args: argparse.Namespace) -> str:
+    """--url, else $HAREL_DATABASE_URL, else $TURSO_DATABASE_URL, else harel.db."""
     return database_from_env(args.url)
+
+
+def exists(database: str) -> bool:
+    """Whether ``database`` is a server, ``:memory:`` or a file that is already there."""
+    db = parse_database(database)
+    return db.local is None or db.local == ":memory:" or Path(db.local).exists()
 
 
 def require_local(database: str, sync_url: str | None) -> None:
     """A missing local file is a mistake, not a database to create by looking at it."""
-    local = sync_url is None and not is_remote(database) and database != ":memory:"
-    if local and not Path(database).exists():
+    if sync_url is None and not exists(database):
         raise Failure(f"{show(database)} does not exist: create it with `{PROG} migrate --url ...`")
 
 

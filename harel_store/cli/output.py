@@ -11,8 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from harel_store.connection.url import TOKEN_ENV, show, token_from_env
+
 PROG = "harel-store"
-TOKEN_ENV = "HAREL_AUTH_TOKEN"
 COLOURS = {"running": "33", "finished": "32", "failed": "31", "cancelled": "90"}
 
 
@@ -97,22 +98,20 @@ def table(
 
 
 def token() -> str:
-    return os.environ.get(TOKEN_ENV, "")
+    """$HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN (a token in the URL wins over either)."""
+    return token_from_env()
 
 
-# A URL's user info, query and fragment: where a token may ride along.
-_URL_SECRETS = re.compile(
-    r"(?i)\b([a-z][a-z0-9+.-]*://)(?:[^\s/?#@]*@)?([^\s?#]*)(?:[?#][^\s'\"`]*)?"
-)
+# A URL (its user info, query and fragment are where a token may ride along: show() drops them).
+_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"`]*")
 
 
 def scrub(text: str) -> str:
     """One line, with no auth token in it (neither ours nor one carried in a URL) and no
     control character."""
-    secret = token()
-    if secret:
+    for secret in filter(None, map(os.environ.get, TOKEN_ENV)):
         text = text.replace(secret, "***")
-    text = _URL_SECRETS.sub(r"\1\2", text)  # show() for any URL, ours or a library's
+    text = _URL.sub(lambda m: show(m[0]), text)  # any URL, ours or a library's
     text = re.sub(r"(?i)(auth_?token=)[^&\s'\"]*", r"\1***", text)
     return plain(" ".join(text.split()))
 

@@ -7,7 +7,6 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from harel_store.batch import drive
 from harel_store.cli.common import (
@@ -15,10 +14,11 @@ from harel_store.cli.common import (
     connection,
     current_revision,
     database,
+    exists,
     require_local,
 )
 from harel_store.cli.output import PROG, Failure
-from harel_store.connection import is_remote, show
+from harel_store.connection import show
 from harel_store.connection.revision import revision
 from harel_store.migrate import alembic_config
 from harel_store.schema import describe, diff, head_schema
@@ -30,9 +30,6 @@ def migrate(args: argparse.Namespace) -> int:
 
     # A replica delegates its writes: the schema is changed on its primary.
     where = args.sync_url or database(args)
-    if not is_remote(where) and not where.startswith("sqlite") and "?" in where:
-        # Alembic's URL would read what follows as options; the store, as part of the name.
-        raise ValueError("migrate takes no file path with '?' in it: rename the file")
     config = alembic_config(where)
     target = args.to
     handler = logging.StreamHandler(sys.stderr)
@@ -46,7 +43,7 @@ def migrate(args: argparse.Namespace) -> int:
         if not args.sql:
             known = [m.revision for m in MIGRATIONS]
             current = None
-            if is_remote(where) or Path(where).exists():
+            if exists(where):
                 current = current_revision(where)
             if target == "base" or (
                 target in known and current in known and known.index(target) < known.index(current)

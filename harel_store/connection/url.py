@@ -62,6 +62,7 @@ _FLAGS = {
 _FILE_SCHEMES = ("sqlite+libsql", "sqlite")  # SQLAlchemy's: sqlite:///rel, sqlite:////abs
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+_TOKEN = re.compile(r"[?&]authToken=")
 _KNOWN = "a path, file:, http(s)://, libsql://, ws(s):// or sqlite+libsql://"
 
 
@@ -98,13 +99,15 @@ def parse_database(database: str | os.PathLike[str], auth_token: str = "") -> Da
     if not isinstance(auth_token, str):
         raise TypeError(f"auth_token must be a string, not {type(auth_token).__name__}")
     match = _SCHEME.match(text)
-    if isinstance(database, os.PathLike) or not match:
+    if isinstance(database, os.PathLike):
+        return DatabaseURL(text, None, text)
+    if match and match[1].lower() == "file":
+        return _file(text)
+    if not match or not text[match.end() :].startswith("//"):  # a colon is a name's: "a:b.db"
+        if _TOKEN.search(text):  # a '?' is part of a path's name, but not this one
+            _refuse_options({"authToken": ""}, show(text))
         return DatabaseURL(text, None, text)
     scheme = match[1].lower()
-    if scheme == "file":
-        return _file(text)
-    if not text[match.end() :].startswith("//"):
-        return DatabaseURL(text, None, text)  # a file name with a colon in it: "a:b.db"
     where = show(text)
     if scheme not in _REMOTE and scheme not in _FILE_SCHEMES:
         raise ValueError(f"{where}: unknown scheme {scheme}:// (use {_KNOWN})")
@@ -208,10 +211,10 @@ def is_remote(database: str | os.PathLike[str]) -> bool:
 def show(database: str | os.PathLike[str]) -> str:
     """The database fit for messages: a URL (whatever its scheme) without its user info,
     fragment or query, any of which may carry a token; ``tls=`` and ``secure=`` stay, as
-    they change what the URL means. A path is shown as it is."""
+    they change what the URL means. A path is shown as it is, up to a token in it."""
     text = os.fspath(database) if isinstance(database, os.PathLike) else str(database)
     if isinstance(database, os.PathLike) or not ("://" in text or text[:5].lower() == "file:"):
-        return text
+        return text.partition("?")[0] if _TOKEN.search(text) else text
     base, _, query = text.split("#", 1)[0].partition("?")
     kept = [
         part
