@@ -435,6 +435,9 @@ def test_the_cli_environment_on_a_file(here: Path) -> None:
     env = {"TURSO_DATABASE_URL": "file:t.db", "HAREL_DATABASE_URL": "sqlite+libsql:///h.db"}
     run_cli("migrate", cwd=here, env=env)  # HAREL_ first
     assert entries(here) == {"t.db", "h.db"}
+    run_cli("migrate", "--url", "q?x=1.db", cwd=here)  # a '?' in a path is part of its name
+    assert entries(here) == {"t.db", "h.db", "q?x=1.db"}
+    assert "matches head" in run_cli("schema", "--check", "--url", "q?x=1.db", cwd=here)
     line = failed(cli("status", "--url", "file:t.db?mode=ro", cwd=here), 2)
     assert "cannot honour URI options (mode)" in line
     line = failed(cli("status", "--url", "sqlite+libsql:///t.db?authToken=SECRET", cwd=here), 2)
