@@ -136,9 +136,14 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
 # A commit's write shape: the schema it runs on (scripts of sql/, in order) and its CAS update.
 SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
     # Revision 0002: markers, timers and trace as rowid tables; every summary column in SET
-    # (all of harel_executions' index entries rewritten).
+    # (all of harel_executions' index entries rewritten). The later migrations that only add
+    # columns and indexes are applied too, so the statements of queries.sql run on it.
     "previous": (
-        ("migrations/0001_initial.up.sql", "migrations/0002_hot_read_indexes.up.sql"),
+        (
+            "migrations/0001_initial.up.sql",
+            "migrations/0002_hot_read_indexes.up.sql",
+            "migrations/0004_claims.up.sql",
+        ),
         "update_execution",
     ),
     # Head (0003, WITHOUT ROWID); status and parent_id checked in WHERE, not SET: what the
