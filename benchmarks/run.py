@@ -143,6 +143,7 @@ SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
             "migrations/0001_initial.up.sql",
             "migrations/0002_hot_read_indexes.up.sql",
             "migrations/0004_claims.up.sql",
+            "migrations/0005_times.up.sql",
         ),
         "update_execution",
     ),

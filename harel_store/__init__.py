@@ -11,12 +11,15 @@ from harel_store.errors import (
     StoreError,
 )
 from harel_store.models import (
+    ArmedTimer,
     DefinitionRecord,
     Event,
     Execution,
     ExecutionPage,
     ExecutionSummary,
     OutboxEntry,
+    PendingOutbox,
+    PendingSpawn,
     SpawnEntry,
     TimerOp,
 )
@@ -26,6 +29,7 @@ from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, SqliteStore
 __all__ = [
     "DEFAULT_TRACE_MAX",
     "HEAD",
+    "ArmedTimer",
     "AsyncLibsqlStore",
     "DefinitionRecord",
     "Event",
@@ -35,6 +39,8 @@ __all__ = [
     "LibsqlStore",
     "OutboxEntry",
     "OutcomeUnknown",
+    "PendingOutbox",
+    "PendingSpawn",
     "SchemaError",
     "SpawnEntry",
     "SqliteStore",
