@@ -136,9 +136,15 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
 # A commit's write shape: the schema it runs on (scripts of sql/, in order) and its CAS update.
 SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
     # Revision 0002: markers, timers and trace as rowid tables; every summary column in SET
-    # (all of harel_executions' index entries rewritten).
+    # (all of harel_executions' index entries rewritten). The later migrations that only add
+    # columns and indexes are applied too, so the statements of queries.sql run on it.
     "previous": (
-        ("migrations/0001_initial.up.sql", "migrations/0002_hot_read_indexes.up.sql"),
+        (
+            "migrations/0001_initial.up.sql",
+            "migrations/0002_hot_read_indexes.up.sql",
+            "migrations/0004_claims.up.sql",
+            "migrations/0005_times.up.sql",
+        ),
         "update_execution",
     ),
     # Head (0003, WITHOUT ROWID); status and parent_id checked in WHERE, not SET: what the
@@ -188,7 +194,9 @@ def floor_commits(conn: Any, n: int, trace: bool, shape: str = "new") -> Callabl
             cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
             assert cur.rowcount == 1
             versions[k] = v + 1
-            conn.execute(sql["insert_outbox"], bind["insert_outbox"]((eid, events[i]))).fetchone()
+            conn.execute(
+                sql["insert_outbox"], bind["insert_outbox"]((eid, eid, events[i]))
+            ).fetchone()
             conn.execute(sql["mark_processed"], bind["mark_processed"]((eid, ids[i])))
             conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
             if trace:
@@ -420,16 +428,20 @@ rows AS (
          CASE WHEN (n / 40) % 2 = 0 THEN NULL ELSE printf('exe-%08d', n - 40) END AS parent
   FROM seq)
 INSERT INTO harel_executions
-    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at)
+    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at,
+     created_at, updated_at)
 SELECT id, def,
        json_object('id', id, 'definition_id', def, 'version', 1, 'status', st,
                    'outcome', NULL, 'active_path', 'main.wait', 'parent_id', parent,
                    'finished_at', NULL,
                    'context', json_object('order', n, 'customer', 'c-' || (n % 977),
                                           'items', json_array(1, 2, 3), 'note', 'typical')),
-       1, st, NULL, 'main.wait', parent, NULL
+       1, st, NULL, 'main.wait', parent, NULL,
+       -- update times spread over the ids, one per execution: [T0, T0 + n)
+       :t0 + (n * 7919) % :n - 60.0, :t0 + (n * 7919) % :n
 FROM rows
 """
+T0 = 1.7e9  # the datasets' first update time (7919 is prime: n * 7919 % n visits every slot)
 # 100 timers due at or before NOW, spread over the ids; the rest far in the future.
 BUILD_TIMERS = """
 WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :n)
@@ -452,7 +464,7 @@ def build_dataset(path: Path, n: int) -> float:
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("BEGIN")
     for sql in (BUILD_EXECUTIONS, BUILD_TIMERS, BUILD_PROCESSED):
-        conn.execute(sql, {"n": n})
+        conn.execute(sql, {"n": n, "t0": T0})
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -476,6 +488,8 @@ LISTINGS: dict[str, dict[str, Any]] = {
     "statuses any-of": {"status": ["failed", "cancelled"]},
     "roots+status": {"roots_only": True, "status": "running"},
     "unfiltered": {},
+    "newest": {"newest_first": True},
+    "newest+status": {"newest_first": True, "status": "running"},
 }
 
 
@@ -485,13 +499,17 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
     middle = f"exe-{n // 2:08d}"
     from harel_store.checks import encode_cursor
 
-    cursor = encode_cursor(middle)
     for name, kwargs in LISTINGS.items():
+        # The middle of the listing: of the ids, or of the update times.
+        timed = kwargs.get("newest_first", False)
+        cursor = encode_cursor("", "newest", T0 + n // 2) if timed else encode_cursor(middle)
         out[f"list {name} (first page)"] = latency(
             lambda kwargs=kwargs: store.list_executions(limit=50, **kwargs), iterations
         )
         out[f"list {name} (middle page)"] = latency(
-            lambda kwargs=kwargs: store.list_executions(limit=50, cursor=cursor, **kwargs),
+            lambda kwargs=kwargs, cursor=cursor: store.list_executions(
+                limit=50, cursor=cursor, **kwargs
+            ),
             iterations,
         )
     due = store.due_timers(NOW)

@@ -11,12 +11,15 @@ from harel_store.errors import (
     StoreError,
 )
 from harel_store.models import (
+    ArmedTimer,
     DefinitionRecord,
     Event,
     Execution,
     ExecutionPage,
     ExecutionSummary,
     OutboxEntry,
+    PendingOutbox,
+    PendingSpawn,
     SpawnEntry,
     TimerOp,
 )
@@ -28,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_TRACE_MAX",
     "HEAD",
+    "ArmedTimer",
     "AsyncLibsqlStore",
     "DefinitionRecord",
     "Event",
@@ -37,6 +41,8 @@ __all__ = [
     "LibsqlStore",
     "OutboxEntry",
     "OutcomeUnknown",
+    "PendingOutbox",
+    "PendingSpawn",
     "SchemaError",
     "SpawnEntry",
     "SqliteStore",

@@ -26,12 +26,15 @@ from harel_store.connection import HranaConnection, is_remote, open_libsql
 from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema
 from harel_store.models import (
+    ArmedTimer,
     DefinitionRecord,
     Event,
     Execution,
     ExecutionPage,
     ExecutionSummary,
     OutboxEntry,
+    PendingOutbox,
+    PendingSpawn,
     SpawnEntry,
     TimerOp,
 )
@@ -165,6 +168,9 @@ class AsyncLibsqlStore:
         roots_only: bool = False,
         limit: int = 50,
         cursor: str | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        newest_first: bool = False,
     ) -> ExecutionPage:
         """Async version of `LibsqlStore.list_executions`."""
         return await self._run(
@@ -174,6 +180,9 @@ class AsyncLibsqlStore:
                 roots_only=roots_only,
                 limit=limit,
                 cursor=cursor,
+                updated_after=updated_after,
+                updated_before=updated_before,
+                newest_first=newest_first,
             )
         )
 
@@ -260,6 +269,24 @@ class AsyncLibsqlStore:
     async def children_of(self, execution_id: str) -> list[ExecutionSummary]:
         """Async version of `LibsqlStore.children_of`."""
         return await self._run(self._s._children_of(execution_id))
+
+    async def outbox_view(
+        self, *, target: str | None = None, source: str | None = None, limit: int = 50
+    ) -> list[PendingOutbox]:
+        """Async version of `LibsqlStore.outbox_view`."""
+        return await self._run(self._s._outbox_view(target=target, source=source, limit=limit))
+
+    async def spawns_view(
+        self, *, parent: str | None = None, limit: int = 50
+    ) -> list[PendingSpawn]:
+        """Async version of `LibsqlStore.spawns_view`."""
+        return await self._run(self._s._spawns_view(parent=parent, limit=limit))
+
+    async def timers_view(
+        self, *, due_before: float | None = None, limit: int = 50
+    ) -> list[ArmedTimer]:
+        """Async version of `LibsqlStore.timers_view`."""
+        return await self._run(self._s._timers_view(due_before=due_before, limit=limit))
 
     async def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
         """Async version of `LibsqlStore.purge_tree`."""

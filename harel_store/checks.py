@@ -225,20 +225,42 @@ def stored(what: str, parse: Callable[[str], _T], text: str) -> _T:
         raise StoreError(f"{what} has a corrupt stored record: {exc}") from exc
 
 
-def encode_cursor(last_id: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"after": last_id}).encode()).decode()
+ORDERS = ("id", "newest", "oldest")  # a listing's order: by id, or by (updated_at, id)
 
 
-def decode_cursor(cursor: str) -> str:
+def encode_cursor(last_id: str, order: str = "id", at: float | None = None) -> str:
+    """A listing's cursor: the last row's id and, for an order by update time, its time."""
+    body: dict[str, Any] = {"after": last_id}
+    if order != "id":
+        body.update(order=order, at=at)
+    return base64.urlsafe_b64encode(json.dumps(body).encode()).decode()
+
+
+def decode_cursor(cursor: str, order: str = "id") -> tuple[str, float | None]:
+    """The (id, time) a cursor of a listing in ``order`` holds; ValueError for a cursor that
+    `encode_cursor` did not make or made for another order."""
     if not isinstance(cursor, str):
         raise TypeError(f"cursor must be a string, not {type(cursor).__name__}")
     try:
-        after = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))["after"]
-    except (UnicodeError, binascii.Error, ValueError, TypeError, KeyError):
-        raise ValueError(f"not a cursor from list_executions: {cursor!r}") from None
-    if not isinstance(after, str):
-        raise ValueError(f"not a cursor from list_executions: {cursor!r}")
-    return after
+        body = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+        after, made_for, at = body["after"], body.get("order", "id"), body.get("at")
+    except (UnicodeError, binascii.Error, ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError(f"not a cursor from list_executions: {cursor!r:.80}") from None
+    timed = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
+    if (
+        not isinstance(after, str)
+        or made_for not in ORDERS
+        or (made_for == "id" and at is not None)
+        or (made_for == "newest" and at is not None and not timed)
+        or (made_for == "oldest" and not timed)
+    ):
+        raise ValueError(f"not a cursor from list_executions: {cursor!r:.80}")
+    if made_for != order:
+        raise ValueError(
+            f"this cursor pages a listing in {made_for} order, not {order} order: pass it with "
+            "the newest_first and updated_after/updated_before of the listing it came from"
+        )
+    return after, None if at is None else float(at)
 
 
 def prefix_upper(prefix: str) -> str | bytes:

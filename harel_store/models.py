@@ -87,8 +87,47 @@ class SpawnEntry(NamedTuple):
     context: dict[str, Any]
 
 
+class PendingOutbox(NamedTuple):
+    """An undelivered outbox entry as an operator sees it: who emitted it (``source_id``,
+    None before 0005), when (``created_at``, the database's clock; None before 0002) and
+    which relay holds it until when (None: not claimed)."""
+
+    seq: int
+    target_id: str | None
+    source_id: str | None
+    created_at: float | None
+    claimed_by: str | None
+    claimed_until: float | None
+    event: Event
+
+
+class PendingSpawn(NamedTuple):
+    """A child still to be created, as an operator sees it (``created_at``: None before 0005)."""
+
+    seq: int
+    parent_id: str
+    child_id: str
+    root_path: str
+    created_at: float | None
+    claimed_by: str | None
+    claimed_until: float | None
+    context: dict[str, Any]
+
+
+class ArmedTimer(NamedTuple):
+    """An armed timer as an operator sees it, with the relay that holds it (if any)."""
+
+    execution_id: str
+    path: str
+    fire_at: float
+    claimed_by: str | None
+    claimed_until: float | None
+
+
 class ExecutionSummary(BaseModel):
-    """The scalar fields of an execution, as the monitor lists them."""
+    """The scalar fields of an execution, as the monitor lists them. ``created_at`` (the
+    first save) and ``updated_at`` (the latest CAS write) are epoch seconds on the database's
+    clock; None for an execution last written before migration 0005."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -100,6 +139,8 @@ class ExecutionSummary(BaseModel):
     active_path: str | None = None
     parent_id: str | None = None
     finished_at: float | None = None
+    created_at: float | None = None
+    updated_at: float | None = None
 
 
 class ExecutionPage(BaseModel):

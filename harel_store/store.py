@@ -11,6 +11,7 @@ remote primary.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -42,12 +43,15 @@ from harel_store.connection.revision import ensure_schema, revision
 from harel_store.errors import StoreConflict, StoreError
 from harel_store.models import (
     STATUSES,
+    ArmedTimer,
     DefinitionRecord,
     Event,
     Execution,
     ExecutionPage,
     ExecutionSummary,
     OutboxEntry,
+    PendingOutbox,
+    PendingSpawn,
     SpawnEntry,
     TimerOp,
 )
@@ -58,6 +62,10 @@ MAX_PAGE = 1000
 COMPANIONS = ("processed", "trace", "timers", "outbox", "spawns")
 # How many executions' stored summaries a store remembers to pick its CAS write's shape.
 REMEMBERED = 10_000
+# Bounds that leave a time range open: an empty BLOB sorts above every number (and every
+# TEXT); no time on the database's clock is below the most negative float.
+ABOVE_ALL = b""
+BELOW_ALL_TIMES = -sys.float_info.max
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -90,21 +98,40 @@ def _claim(name: str, worker: str, limit: int, lease: float, *params: Any) -> Ba
     return batch
 
 
-def _decoded(rows: Iterable[Sequence[Any]], decode: Callable[[Sequence[Any]], E]) -> list[E]:
-    """Claimed rows, each decoded on its own: a corrupt one is logged and left to its lease
-    (an operator acks or purges it), so it does not stop the relay for every worker."""
+CLAIMED = "left claimed and skipped: ack it once dealt with"
+
+
+def _decoded(
+    rows: Iterable[Sequence[Any]], decode: Callable[[Sequence[Any]], E], then: str = CLAIMED
+) -> list[E]:
+    """Rows each decoded on its own: a corrupt one is logged (with what ``then`` happens to
+    it) and skipped, so it does not stop a relay for every worker, or an operator's view. A
+    claimed one is left to its lease (an operator acks or purges it)."""
     good = []
     for row in rows:
         try:
             good.append(decode(row))
         except StoreError as exc:
-            log.warning("%s; left claimed and skipped: ack it once dealt with", exc)
+            log.warning("%s; %s", exc, then)
     return good
 
 
+def _pending_outbox(row: Sequence[Any]) -> PendingOutbox:
+    seq, target, source, created, by, until, event = row
+    decoded = stored(f"outbox entry {seq}", Event.model_validate_json, event)
+    return PendingOutbox(seq, target, source, created, by, until, decoded)
+
+
+def _pending_spawn(row: Sequence[Any]) -> PendingSpawn:
+    seq, parent, child, root, created, by, until, context = row
+    decoded = stored(f"spawn {seq}", loads_dict, context)
+    return PendingSpawn(seq, parent, child, root, created, by, until, decoded)
+
+
 class StoreStats(NamedTuple):
-    """What `Store.stats` counts (``oldest_outbox_at``: epoch seconds, None if unknown;
-    ``claimed_*``: rows a relay holds under a lease that has not run out)."""
+    """What `Store.stats` counts (``*_at`` and ``now``: epoch seconds, the times of rows on
+    the database's clock, None if unknown; ``claimed_*``: rows a relay holds under a lease
+    that has not run out)."""
 
     schema_revision: str | None
     executions: dict[str, int]
@@ -116,6 +143,9 @@ class StoreStats(NamedTuple):
     claimed_outbox: int  # of pending_outbox, those under a live lease (claim_outbox)
     claimed_spawns: int
     claimed_timers: int
+    oldest_spawn_at: float | None  # when the oldest pending spawn was written
+    soonest_timer_at: float | None  # the earliest fire_at of any armed timer
+    now: float  # the database's clock as it read these: the ages of the *_at times
 
 
 def checked(connection: Connection, migrate: bool) -> Connection:
@@ -260,7 +290,7 @@ class Store:
                 batch.guard(cas, *update)
             batch.on_conflict("execution_version", exe.id)
             for target, event in outbox:
-                batch.add("insert_outbox", target, event)
+                batch.add("insert_outbox", target, exe.id, event)
             if processed_event_id is not None:
                 batch.add("mark_processed", exe.id, processed_event_id)
             for row in spawn_rows:
@@ -449,11 +479,20 @@ class Store:
         roots_only: bool = False,
         limit: int = 50,
         cursor: str | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        newest_first: bool = False,
     ) -> ExecutionPage:
-        """One page of execution summaries ordered by id; pass ``next_cursor`` for the next.
+        """One page of execution summaries; pass ``next_cursor`` for the next.
 
-        ``status`` is one status or several (any of). Raises ValueError for an unknown
-        status, a limit outside 1..1000 or a cursor this method did not make.
+        Ordered by id, or with ``newest_first`` by ``(updated_at, id)`` descending, the
+        executions last written before migration 0005 (``updated_at`` None) last. A time
+        window keeps the rows with ``updated_after <= updated_at < updated_before`` (either
+        bound optional; a row without a time is in none) and is read in update order: oldest
+        first, or newest first with ``newest_first``. ``status`` is one status or several
+        (any of). A cursor is valid only for the same order. Raises ValueError for an unknown
+        status, a limit outside 1..1000, a bound that is not finite, or a cursor this method
+        did not make for this order; TypeError for an argument of the wrong type.
         """
         return self._run(
             self._list_executions(
@@ -462,6 +501,9 @@ class Store:
                 roots_only=roots_only,
                 limit=limit,
                 cursor=cursor,
+                updated_after=updated_after,
+                updated_before=updated_before,
+                newest_first=newest_first,
             )
         )
 
@@ -473,23 +515,48 @@ class Store:
         roots_only: bool = False,
         limit: int = 50,
         cursor: str | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        newest_first: bool = False,
     ) -> Plan[ExecutionPage]:
         check_id(definition_id, "definition_id", optional=True)
-        if not isinstance(roots_only, bool):
-            raise TypeError(f"roots_only must be a bool, not {type(roots_only).__name__}")
+        for flag, value in (("roots_only", roots_only), ("newest_first", newest_first)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
+        low = None if updated_after is None else check_finite(updated_after, "updated_after")
+        high = None if updated_before is None else check_finite(updated_before, "updated_before")
+        window = low is not None or high is not None
+        order = "newest" if newest_first else "oldest" if window else "id"
         statuses = [status] if isinstance(status, str) else None if status is None else list(status)
         for s in statuses or ():
             if s not in STATUSES:
                 raise ValueError(f"unknown status {s!r}: expected one of {', '.join(STATUSES)}")
         _page(limit)
-        after = "" if cursor is None else decode_cursor(cursor)
+        after, at = ("", None) if cursor is None else decode_cursor(cursor, order)
         # One named query per filter shape, each index-backed; statuses fill four slots
         # (None: unused), so several statuses still cost one LIMITed seek each.
         slots: list[str | None] = list(dict.fromkeys(STATUSES if statuses is None else statuses))
         slots += [None] * (len(STATUSES) - len(slots))
-        if definition_id is not None:
+        params: tuple[Any, ...]
+        by_time = (definition_id, int(roots_only), limit + 1)
+        if order == "newest":
+            # The keyset (start, after) begins at the window's exclusive end, never above it
+            # (a cursor from a wider window); a cursor without a time is past every timed row,
+            # and then only the untimed rows below its id are left.
+            start: float | bytes | None = at
+            if cursor is None or (high is not None and at is not None and at > high):
+                start, after = (ABOVE_ALL if high is None else high), ""
+            untimed = "" if window else ABOVE_ALL if start is not None else after
+            low = BELOW_ALL_TIMES if low is None else low
+            name, params = "list_newest", (low, start, after, untimed, *slots, *by_time)
+        elif order == "oldest":
+            if cursor is None or (low is not None and at is not None and at < low):
+                at, after = (BELOW_ALL_TIMES if low is None else low), ""
+            end = ABOVE_ALL if high is None else high
+            name, params = "list_oldest", (end, at, after, *slots, *by_time)
+        elif definition_id is not None:
             name = "list_roots_by_definition" if roots_only else "list_by_definition"
-            params: tuple[Any, ...] = (after, definition_id, *slots, limit + 1)
+            params = (after, definition_id, *slots, limit + 1)
         elif roots_only:
             name, params = "list_roots", (after, *slots, limit + 1)
         elif statuses is not None:
@@ -498,8 +565,12 @@ class Store:
             name, params = "list_executions", (after, limit + 1)
         rows = yield statement(name, *params)
         items = self._summaries(rows[:limit])
-        more = len(rows) > limit
-        return ExecutionPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+        if len(rows) <= limit:
+            return ExecutionPage(items=items)
+        last = items[-1]
+        return ExecutionPage(
+            items=items, next_cursor=encode_cursor(last.id, order, last.updated_at)
+        )
 
     def ids_with_prefix(self, prefix: str) -> list[str]:
         """Every execution id that starts with ``prefix``, sorted; no character is special."""
@@ -666,8 +737,9 @@ class Store:
 
     def stats(self, now: float) -> StoreStats:
         """Counts for an operator: executions by status, pending outbox entries and spawns,
-        timers due at ``now`` and later, and when the oldest pending outbox entry was
-        written (None when unknown: no entry, or one written before outbox rows had a time).
+        timers due at ``now`` and later, when the oldest pending outbox entry and spawn were
+        written (None when unknown: none pending, or written before rows had a time), the
+        soonest timer's fire_at, and the database's clock (``now``) to take their ages by.
         """
         return self._run(self._stats(now))
 
@@ -696,6 +768,53 @@ class Store:
     def _children_of(self, execution_id: str) -> Plan[list[ExecutionSummary]]:
         check_id(execution_id, "execution_id")
         return self._summaries((yield statement("children_of", execution_id)))
+
+    def outbox_view(
+        self, *, target: str | None = None, source: str | None = None, limit: int = 50
+    ) -> list[PendingOutbox]:
+        """Up to ``limit`` (1..1000) undelivered outbox entries, oldest first, with their
+        source, time and claim; only those addressed to ``target`` and/or emitted by
+        ``source`` if given. A corrupt entry is logged and skipped."""
+        return self._run(self._outbox_view(target=target, source=source, limit=limit))
+
+    @staticmethod
+    def _outbox_view(
+        *, target: str | None = None, source: str | None = None, limit: int = 50
+    ) -> Plan[list[PendingOutbox]]:
+        check_id(target, "target", optional=True)
+        check_id(source, "source", optional=True)
+        _page(limit)
+        if target is None:
+            rows = yield statement("outbox_view", source, limit)
+        else:
+            rows = yield statement("outbox_view_target", target, source, limit)
+        return _decoded(rows, _pending_outbox, "skipped")
+
+    def spawns_view(self, *, parent: str | None = None, limit: int = 50) -> list[PendingSpawn]:
+        """Up to ``limit`` (1..1000) pending spawns, oldest first, with their time and claim;
+        only those of ``parent`` if given. A corrupt one is logged and skipped."""
+        return self._run(self._spawns_view(parent=parent, limit=limit))
+
+    @staticmethod
+    def _spawns_view(*, parent: str | None = None, limit: int = 50) -> Plan[list[PendingSpawn]]:
+        check_id(parent, "parent", optional=True)
+        _page(limit)
+        if parent is None:
+            rows = yield statement("spawns_view", limit)
+        else:
+            rows = yield statement("spawns_view_parent", parent, limit)
+        return _decoded(rows, _pending_spawn, "skipped")
+
+    def timers_view(self, *, due_before: float | None = None, limit: int = 50) -> list[ArmedTimer]:
+        """Up to ``limit`` (1..1000) armed timers, soonest first, with their claim; only
+        those with ``fire_at < due_before`` if given."""
+        return self._run(self._timers_view(due_before=due_before, limit=limit))
+
+    @staticmethod
+    def _timers_view(*, due_before: float | None = None, limit: int = 50) -> Plan[list[ArmedTimer]]:
+        end = ABOVE_ALL if due_before is None else check_finite(due_before, "due_before")
+        rows = yield statement("timers_view", end, _page(limit))
+        return [ArmedTimer(eid, path, float(at), by, until) for eid, path, at, by, until in rows]
 
     def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
         """Purge an execution and all its descendants in one transaction; return their ids.

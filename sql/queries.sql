@@ -57,9 +57,13 @@ UPDATE alembic_version SET version_num = ?1 WHERE version_num = ?2;
 -- name: insert_execution!
 -- The CAS for a brand-new execution (in-memory version 0): no row may exist yet. The summary
 -- columns (?5..?9: status, outcome, active_path, parent_id, finished_at) mirror the JSON.
+-- created_at and updated_at are epoch seconds from the database's clock, one clock for every
+-- writer ('now' is the same for the whole statement: both get the same value).
 INSERT INTO harel_executions
-    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at,
+     created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+        (julianday('now') - 2440587.5) * 86400.0, (julianday('now') - 2440587.5) * 86400.0)
 ON CONFLICT (id) DO NOTHING;
 
 -- The version CAS: exactly one writer moves a row from version ?4 to ?3, with its summary
@@ -68,25 +72,29 @@ ON CONFLICT (id) DO NOTHING;
 -- shapes and the store picks the one that names only what changed. A column left out of
 -- SET is checked in WHERE to hold the new value already: a wrong guess about the stored
 -- summary changes no row (read as a conflict the store retries with update_execution),
--- never a stale summary beside new data.
+-- never a stale summary beside new data. Every shape sets updated_at (the database's clock),
+-- so each rewrites the row's entry in harel_executions_updated; none touches created_at.
 
 -- name: update_execution!
 -- Every summary column: for a row whose stored summary the store does not know.
 UPDATE harel_executions
 SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, parent_id = ?8,
-    finished_at = ?9
+    finished_at = ?9, updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = ?1 AND version = ?4;
 
 -- name: update_execution_data!
--- status and parent_id unchanged (the common commit): no index entry is rewritten.
+-- status and parent_id unchanged (the common commit): of the indexes only
+-- harel_executions_updated is rewritten.
 UPDATE harel_executions
-SET data = ?2, version = ?3, outcome = ?6, active_path = ?7, finished_at = ?9
+SET data = ?2, version = ?3, outcome = ?6, active_path = ?7, finished_at = ?9,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = ?1 AND version = ?4 AND status IS ?5 AND parent_id IS ?8;
 
 -- name: update_execution_status!
 -- status changed, parent_id unchanged: the status indexes are rewritten, the parent's not.
 UPDATE harel_executions
-SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, finished_at = ?9
+SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, finished_at = ?9,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 
 -- name: execution_version$
@@ -104,16 +112,18 @@ SELECT (SELECT data FROM harel_executions WHERE id = ?1),
 SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
 
 -- name: insert_outbox$
--- created_at is epoch seconds from SQLite's clock, so every writer's entries share one clock.
-INSERT INTO harel_outbox (target_id, event, created_at)
-VALUES (?, ?, (julianday('now') - 2440587.5) * 86400.0)
+-- created_at is epoch seconds from SQLite's clock, so every writer's entries share one clock;
+-- source_id is the execution whose commit emits the entry.
+INSERT INTO harel_outbox (target_id, source_id, event, created_at)
+VALUES (?, ?, ?, (julianday('now') - 2440587.5) * 86400.0)
 RETURNING seq;
 
 -- name: mark_processed!
 INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?);
 
 -- name: insert_spawn!
-INSERT INTO harel_spawns (parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?);
+INSERT INTO harel_spawns (parent_id, child_id, root_path, context, created_at)
+VALUES (?, ?, ?, ?, (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: schedule_timer!
 -- Re-arming the same path replaces its fire_at.
@@ -146,85 +156,219 @@ SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 -- One keyset page (rows after the cursor's id ?1, ?2 rows) without filters: a primary-key range.
 -- Every listing reads the summary columns, never the JSON. A row whose summary is NULL (its
 -- JSON was already corrupt when 0002 backfilled it) is listed by none of them.
-SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+       created_at, updated_at
 FROM harel_executions WHERE id > ?1 AND status IS NOT NULL ORDER BY id LIMIT ?2;
 
 -- name: list_by_status
 -- A keyset page of the rows whose status is any of ?2..?5 (NULL: unused slot), after ?1, ?6 rows.
 -- One LIMITed seek per status in its (status, id) index, merged: cost grows with the page.
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?2 AND id > ?1 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?3 AND id > ?1 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?4 AND id > ?1 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?5 AND id > ?1 ORDER BY id LIMIT ?6)
 ORDER BY id LIMIT ?6;
 
 -- name: list_by_definition
 -- As list_by_status, for definition ?2 and statuses ?3..?6 (all four: any status), ?7 rows.
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
 ORDER BY id LIMIT ?7;
 
 -- name: list_roots
 -- As list_by_status, roots only (parent_id IS NULL selects the partial index).
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?3 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?4 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?5 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
 ORDER BY id LIMIT ?6;
 
 -- name: list_roots_by_definition
 -- As list_by_definition, roots only.
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
-    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
     FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
 ORDER BY id LIMIT ?7;
+
+-- Listings in update order (0005) read harel_executions_updated, one LIMITed seek per status
+-- slot (NULL: unused), merged as above. The timed rows of a page lie in a closed range of
+-- updated_at, so the seek stops at the range's end whatever the table holds; the keyset
+-- (the cursor's time and id) only steps over the ties at the range's first time. A
+-- definition_id (NULL: any) and roots only (1, else 0) are checked on each row the seek reads:
+-- a page costs the rows they skip (no index of their own: each would be rewritten by every
+-- commit, as updated_at moves).
+
+-- name: list_newest
+-- Newest first, (updated_at, id) descending; the rows of statuses ?5..?8 with ?1 <= updated_at
+-- <= ?2, a row at ?2 only below id ?3 (the cursor; '' on a first page: none at ?2, so an
+-- exclusive upper bound). Rows whose updated_at is NULL (written before 0005) come last, by
+-- id descending: those below id ?4 (an empty BLOB, above every id: all; '': none). ?9
+-- definition_id, ?10 roots only, ?11 rows.
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?5 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at DESC, id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?6 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at DESC, id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?7 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at DESC, id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?8 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at DESC, id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?5 AND updated_at IS NULL AND id < ?4
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?6 AND updated_at IS NULL AND id < ?4
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?7 AND updated_at IS NULL AND id < ?4
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY id DESC LIMIT ?11)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?8 AND updated_at IS NULL AND id < ?4
+      AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+    ORDER BY id DESC LIMIT ?11)
+ORDER BY updated_at DESC, id DESC LIMIT ?11;
+
+-- name: list_oldest
+-- Oldest first, (updated_at, id) ascending, for a time window: the rows of statuses ?4..?7
+-- with ?2 <= updated_at < ?1, a row at ?2 only above id ?3 (the cursor; '' on a first page:
+-- every id, so an inclusive lower bound). ?8 definition_id, ?9 roots only, ?10 rows. A NULL
+-- updated_at is in no window.
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?4 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
+      AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at, id LIMIT ?10)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?5 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
+      AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at, id LIMIT ?10)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?6 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
+      AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at, id LIMIT ?10)
+UNION ALL
+SELECT * FROM (
+    SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
+           created_at, updated_at
+    FROM harel_executions
+    WHERE status = ?7 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
+      AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+    ORDER BY updated_at, id LIMIT ?10)
+ORDER BY updated_at, id LIMIT ?10;
 
 -- name: pending_outbox
 -- The oldest ?1 entries (-1: all), claimed or not.
@@ -367,8 +511,10 @@ SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 OR
 
 -- name: pending_counts^
 -- Pending outbox entries and spawns, timers due at ?1 and later than it, when the oldest
--- pending outbox entry was written (unknown before outbox rows carried created_at), and how
--- many outbox entries, spawns and timers are under a live lease (the database's clock).
+-- pending outbox entry was written (unknown before outbox rows carried created_at), how
+-- many outbox entries, spawns and timers are under a live lease (the database's clock),
+-- when the oldest pending spawn was written (unknown before 0005), the soonest fire_at of
+-- any timer, and the database's clock now. Each is a count or one seek at an end of a key.
 SELECT (SELECT COUNT(*) FROM harel_outbox),
        (SELECT COUNT(*) FROM harel_spawns),
        (SELECT COUNT(*) FROM harel_timers WHERE fire_at <= ?1),
@@ -379,7 +525,10 @@ SELECT (SELECT COUNT(*) FROM harel_outbox),
        (SELECT COUNT(*) FROM harel_spawns
         WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
        (SELECT COUNT(*) FROM harel_timers
-        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0);
+        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
+       (SELECT created_at FROM harel_spawns ORDER BY seq LIMIT 1),
+       (SELECT MIN(fire_at) FROM harel_timers),
+       (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: timers_of
 SELECT path, fire_at FROM harel_timers WHERE execution_id = ? ORDER BY fire_at, path;
@@ -387,10 +536,38 @@ SELECT path, fire_at FROM harel_timers WHERE execution_id = ? ORDER BY fire_at, 
 -- name: outbox_for
 SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? ORDER BY seq;
 
+-- The operator views of the queues: pending rows with their times and claims, oldest
+-- (soonest) first, up to a limit. A filter on the column an index starts with seeks it (the
+-- index holds the rowid, so its entries for one key are in seq order); the source filter is
+-- checked on each row read, as the outbox holds only undelivered entries.
+
+-- name: outbox_view
+-- ?1: a source_id (NULL: any), ?2 rows.
+SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, event
+FROM harel_outbox WHERE (?1 IS NULL OR source_id = ?1) ORDER BY seq LIMIT ?2;
+
+-- name: outbox_view_target
+-- ?1: the target_id, ?2: a source_id (NULL: any), ?3 rows.
+SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, event
+FROM harel_outbox WHERE target_id = ?1 AND (?2 IS NULL OR source_id = ?2) ORDER BY seq LIMIT ?3;
+
+-- name: spawns_view
+SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, context
+FROM harel_spawns ORDER BY seq LIMIT ?;
+
+-- name: spawns_view_parent
+SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, context
+FROM harel_spawns WHERE parent_id = ? ORDER BY seq LIMIT ?;
+
+-- name: timers_view
+-- Armed timers with fire_at < ?1, soonest first (ties as due_timers), ?2 rows.
+SELECT execution_id, path, fire_at, claimed_by, claimed_until FROM harel_timers
+WHERE fire_at < ?1 ORDER BY fire_at, execution_id, path LIMIT ?2;
+
 -- name: children_of
 -- Operator queries read a NULL summary (see count_by_status) as status 'unknown'.
 SELECT id, definition_id, version, COALESCE(status, 'unknown'), outcome, active_path,
-       parent_id, finished_at
+       parent_id, finished_at, created_at, updated_at
 FROM harel_executions WHERE parent_id = ? ORDER BY id;
 
 -- name: execution_tree
@@ -402,6 +579,6 @@ WITH RECURSIVE tree (id) AS (
     JOIN tree ON e.parent_id = tree.id
 )
 SELECT e.id, e.definition_id, e.version, COALESCE(e.status, 'unknown'), e.outcome,
-       e.active_path, e.parent_id, e.finished_at
+       e.active_path, e.parent_id, e.finished_at, e.created_at, e.updated_at
 FROM tree JOIN harel_executions AS e ON e.id = tree.id
 ORDER BY e.id <> ?1, e.id;

@@ -10,7 +10,11 @@ CREATE TABLE harel_executions (
     outcome TEXT,
     active_path TEXT,
     parent_id TEXT,
-    finished_at REAL
+    finished_at REAL,
+    -- Epoch seconds on the database's clock (0005): the insert CAS sets both, every later CAS
+    -- write updated_at. NULL for rows written before 0005.
+    created_at REAL,
+    updated_at REAL
 );
 
 CREATE INDEX harel_executions_status ON harel_executions (status, id);
@@ -21,6 +25,8 @@ CREATE INDEX harel_executions_definition_roots ON harel_executions (definition_i
 WHERE parent_id IS NULL;
 CREATE INDEX harel_executions_parent ON harel_executions (parent_id, id)
 WHERE parent_id IS NOT NULL;
+-- Newest-first listings and time windows, per status (NULL times first in each status).
+CREATE INDEX harel_executions_updated ON harel_executions (status, updated_at, id);
 
 CREATE TABLE harel_outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -30,7 +36,8 @@ CREATE TABLE harel_outbox (
     -- A relay's claim (0004): the worker and the end of its lease, epoch seconds on the
     -- database's clock; NULL: never claimed. Likewise in harel_spawns and harel_timers.
     claimed_by TEXT,
-    claimed_until REAL
+    claimed_until REAL,
+    source_id TEXT -- the execution whose commit emitted it (0005); NULL before 0005
 );
 
 CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
@@ -59,7 +66,8 @@ CREATE TABLE harel_spawns (
     root_path TEXT NOT NULL,
     context TEXT NOT NULL,
     claimed_by TEXT,
-    claimed_until REAL
+    claimed_until REAL,
+    created_at REAL -- epoch seconds (the database's clock) at insert (0005); NULL before
 );
 
 CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);

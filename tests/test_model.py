@@ -36,6 +36,8 @@ class StoreModel(RuleBasedStateMachine):
         self.store = self.driver(":memory:", trace_max=TRACE_MAX)
         self.exes: dict[str, tuple[int, dict[str, Any]]] = {}
         self.outbox: dict[int, tuple[str | None, str]] = {}
+        self.sources: dict[int, str] = {}  # outbox seq -> the execution that emitted it
+        self.written: list[str] = []  # executions, the one last written last
         self.processed: set[tuple[str, str]] = set()
         self.timers: dict[tuple[str, str], float] = {}
         self.spawns: dict[int, tuple[str, str]] = {}
@@ -104,9 +106,11 @@ class StoreModel(RuleBasedStateMachine):
         assert not stale, "a stale version committed"
         assert exe.version == version + 1
         self.exes[eid] = (version + 1, {"n": n})
+        self.written = [e for e in self.written if e != eid] + [eid]
         assert seqs == list(range(self.next_outbox, self.next_outbox + len(events)))
         for seq, (target, event) in zip(seqs, events, strict=True):
             self.outbox[seq] = (target, event.id)
+            self.sources[seq] = eid
         self.next_outbox += len(events)
         if processed:
             self.processed.add((eid, f"in{n}"))
@@ -167,6 +171,7 @@ class StoreModel(RuleBasedStateMachine):
                     timers=[TimerOp.schedule(path, at + 100)],
                 )
                 self.exes[eid] = (self.exes[eid][0] + 1, self.exes[eid][1])
+                self.written = [e for e in self.written if e != eid] + [eid]
                 self.timers[(eid, path)] = at + 100
             else:
                 del self.timers[(eid, path)]
@@ -280,6 +285,17 @@ class StoreModel(RuleBasedStateMachine):
             held.count("timer"),
         )
         assert [o.seq for o in s.pending_outbox(limit=2)] == sorted(self.outbox)[:2]
+        assert [(o.seq, o.source_id) for o in s.outbox_view(limit=1000)] == [
+            (seq, self.sources[seq]) for seq in sorted(self.outbox)
+        ]
+        # Newest first is (updated_at, id) descending, and updated_at follows the writes.
+        newest = s.list_executions(newest_first=True, limit=1000).items
+        keys = [(x.updated_at, x.id) for x in newest]
+        assert keys == sorted(keys, reverse=True)
+        assert sorted(x.id for x in newest) == sorted(self.exes)
+        at = {x.id: x.updated_at for x in newest}
+        times = [at[e] for e in self.written if e in at]
+        assert times == sorted(times)
 
 
 SETTINGS = settings(
