@@ -171,6 +171,7 @@ class AsyncLibsqlStore:
         updated_after: float | None = None,
         updated_before: float | None = None,
         newest_first: bool = False,
+        id_prefix: str | None = None,
     ) -> ExecutionPage:
         """Async version of `LibsqlStore.list_executions`."""
         return await self._run(
@@ -183,6 +184,7 @@ class AsyncLibsqlStore:
                 updated_after=updated_after,
                 updated_before=updated_before,
                 newest_first=newest_first,
+                id_prefix=id_prefix,
             )
         )
 

@@ -482,6 +482,7 @@ class Store:
         updated_after: float | None = None,
         updated_before: float | None = None,
         newest_first: bool = False,
+        id_prefix: str | None = None,
     ) -> ExecutionPage:
         """One page of execution summaries; pass ``next_cursor`` for the next.
 
@@ -490,9 +491,11 @@ class Store:
         window keeps the rows with ``updated_after <= updated_at < updated_before`` (either
         bound optional; a row without a time is in none) and is read in update order: oldest
         first, or newest first with ``newest_first``. ``status`` is one status or several
-        (any of). A cursor is valid only for the same order. Raises ValueError for an unknown
-        status, a limit outside 1..1000, a bound that is not finite, or a cursor this method
-        did not make for this order; TypeError for an argument of the wrong type.
+        (any of). ``id_prefix`` keeps the ids that start with it (no character is special):
+        a range of the index in id order, checked on each row read in update order. A cursor
+        is valid only for the same order. Raises ValueError for an unknown status, a limit
+        outside 1..1000, a bound that is not finite, or a cursor this method did not make for
+        this order; TypeError for an argument of the wrong type.
         """
         return self._run(
             self._list_executions(
@@ -504,6 +507,7 @@ class Store:
                 updated_after=updated_after,
                 updated_before=updated_before,
                 newest_first=newest_first,
+                id_prefix=id_prefix,
             )
         )
 
@@ -518,8 +522,12 @@ class Store:
         updated_after: float | None = None,
         updated_before: float | None = None,
         newest_first: bool = False,
+        id_prefix: str | None = None,
     ) -> Plan[ExecutionPage]:
         check_id(definition_id, "definition_id", optional=True)
+        if id_prefix is not None and not isinstance(id_prefix, str):
+            raise TypeError(f"id_prefix must be a string, not {type(id_prefix).__name__}")
+        first, beyond = ("", ABOVE_ALL) if not id_prefix else (id_prefix, prefix_upper(id_prefix))
         for flag, value in (("roots_only", roots_only), ("newest_first", newest_first)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
@@ -538,7 +546,10 @@ class Store:
         slots: list[str | None] = list(dict.fromkeys(STATUSES if statuses is None else statuses))
         slots += [None] * (len(STATUSES) - len(slots))
         params: tuple[Any, ...]
-        by_time = (definition_id, int(roots_only), limit + 1)
+        by_time = (definition_id, int(roots_only), limit + 1, first, beyond)
+        # Ids from `first` on: past the cursor's id, the least string above it is that id
+        # followed by a NUL (SQLite orders TEXT by its bytes).
+        lowest = first if cursor is None else max(first, after + "\0")
         if order == "newest":
             # The keyset (start, after) begins at the window's exclusive end, never above it
             # (a cursor from a wider window); a cursor without a time is past every timed row,
@@ -556,13 +567,13 @@ class Store:
             name, params = "list_oldest", (end, at, after, *slots, *by_time)
         elif definition_id is not None:
             name = "list_roots_by_definition" if roots_only else "list_by_definition"
-            params = (after, definition_id, *slots, limit + 1)
+            params = (lowest, definition_id, *slots, limit + 1, beyond)
         elif roots_only:
-            name, params = "list_roots", (after, *slots, limit + 1)
+            name, params = "list_roots", (lowest, *slots, limit + 1, beyond)
         elif statuses is not None:
-            name, params = "list_by_status", (after, *slots, limit + 1)
+            name, params = "list_by_status", (lowest, *slots, limit + 1, beyond)
         else:
-            name, params = "list_executions", (after, limit + 1)
+            name, params = "list_executions", (lowest, limit + 1, beyond)
         rows = yield statement(name, *params)
         items = self._summaries(rows[:limit])
         if len(rows) <= limit:

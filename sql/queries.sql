@@ -153,58 +153,62 @@ WHERE execution_id = ?1 AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execu
 SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 
 -- name: list_executions
--- One keyset page (rows after the cursor's id ?1, ?2 rows) without filters: a primary-key range.
+-- One keyset page without filters: a primary-key range, ids from ?1 (the cursor's id followed
+-- by a NUL, the least string above it; or an id prefix) up to ?3 (exclusive: the least string
+-- above an id prefix, or an empty BLOB, above every string), ?2 rows.
 -- Every listing reads the summary columns, never the JSON. A row whose summary is NULL (its
 -- JSON was already corrupt when 0002 backfilled it) is listed by none of them.
 SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
        created_at, updated_at
-FROM harel_executions WHERE id > ?1 AND status IS NOT NULL ORDER BY id LIMIT ?2;
+FROM harel_executions WHERE id >= ?1 AND id < ?3 AND status IS NOT NULL ORDER BY id LIMIT ?2;
 
 -- name: list_by_status
--- A keyset page of the rows whose status is any of ?2..?5 (NULL: unused slot), after ?1, ?6 rows.
+-- A keyset page of the rows whose status is any of ?2..?5 (NULL: unused slot), ids in
+-- [?1, ?7) as in list_executions, ?6 rows.
 -- One LIMITed seek per status in its (status, id) index, merged: cost grows with the page.
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?2 AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?2 AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?3 AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?3 AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?4 AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?4 AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?5 AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?5 AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 ORDER BY id LIMIT ?6;
 
 -- name: list_by_definition
--- As list_by_status, for definition ?2 and statuses ?3..?6 (all four: any status), ?7 rows.
+-- As list_by_status, for definition ?2 and statuses ?3..?6 (all four: any status), ?7 rows,
+-- ids in [?1, ?8).
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 ORDER BY id LIMIT ?7;
 
 -- name: list_roots
@@ -212,45 +216,51 @@ ORDER BY id LIMIT ?7;
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?2 AND parent_id IS NULL AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?3 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?3 AND parent_id IS NULL AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?4 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?4 AND parent_id IS NULL AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?5 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?6)
+    FROM harel_executions WHERE status = ?5 AND parent_id IS NULL AND id >= ?1 AND id < ?7 ORDER BY id LIMIT ?6)
 ORDER BY id LIMIT ?6;
 
 -- name: list_roots_by_definition
--- As list_by_definition, roots only.
+-- As list_by_definition, roots only. INDEXED BY: with the id range closed at both ends the
+-- planner (no ANALYZE statistics) rates the full definition index as good as the partial one,
+-- which skips every child execution.
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?3 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions INDEXED BY harel_executions_definition_roots
+    WHERE status = ?3 AND definition_id = ?2 AND parent_id IS NULL AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?4 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions INDEXED BY harel_executions_definition_roots
+    WHERE status = ?4 AND definition_id = ?2 AND parent_id IS NULL AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?5 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions INDEXED BY harel_executions_definition_roots
+    WHERE status = ?5 AND definition_id = ?2 AND parent_id IS NULL AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 UNION ALL
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
-    FROM harel_executions WHERE status = ?6 AND definition_id = ?2 AND parent_id IS NULL AND id > ?1 ORDER BY id LIMIT ?7)
+    FROM harel_executions INDEXED BY harel_executions_definition_roots
+    WHERE status = ?6 AND definition_id = ?2 AND parent_id IS NULL AND id >= ?1 AND id < ?8 ORDER BY id LIMIT ?7)
 ORDER BY id LIMIT ?7;
 
 -- Listings in update order (0005) read harel_executions_updated, one LIMITed seek per status
@@ -266,13 +276,16 @@ ORDER BY id LIMIT ?7;
 -- <= ?2, a row at ?2 only below id ?3 (the cursor; '' on a first page: none at ?2, so an
 -- exclusive upper bound). Rows whose updated_at is NULL (written before 0005) come last, by
 -- id descending: those below id ?4 (an empty BLOB, above every id: all; '': none). ?9
--- definition_id, ?10 roots only, ?11 rows.
+-- definition_id, ?10 roots only, ?11 rows; ids in [?12, ?13) (an id prefix's range, checked
+-- on each row read: `+id` keeps the planner from seeking (status, id) instead of the time
+-- range; '' and an empty BLOB: any id).
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
     FROM harel_executions
     WHERE status = ?5 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY updated_at DESC, id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -281,6 +294,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?6 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY updated_at DESC, id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -289,6 +303,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?7 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY updated_at DESC, id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -297,6 +312,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?8 AND updated_at >= ?1 AND updated_at <= ?2 AND (updated_at < ?2 OR id < ?3)
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY updated_at DESC, id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -305,6 +321,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?5 AND updated_at IS NULL AND id < ?4
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -313,6 +330,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?6 AND updated_at IS NULL AND id < ?4
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -321,6 +339,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?7 AND updated_at IS NULL AND id < ?4
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY id DESC LIMIT ?11)
 UNION ALL
 SELECT * FROM (
@@ -329,20 +348,22 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?8 AND updated_at IS NULL AND id < ?4
       AND (?9 IS NULL OR definition_id = ?9) AND (?10 = 0 OR parent_id IS NULL)
+      AND +id >= ?12 AND +id < ?13
     ORDER BY id DESC LIMIT ?11)
 ORDER BY updated_at DESC, id DESC LIMIT ?11;
 
 -- name: list_oldest
 -- Oldest first, (updated_at, id) ascending, for a time window: the rows of statuses ?4..?7
 -- with ?2 <= updated_at < ?1, a row at ?2 only above id ?3 (the cursor; '' on a first page:
--- every id, so an inclusive lower bound). ?8 definition_id, ?9 roots only, ?10 rows. A NULL
--- updated_at is in no window.
+-- every id, so an inclusive lower bound). ?8 definition_id, ?9 roots only, ?10 rows; ids in
+-- [?11, ?12) as in list_newest. A NULL updated_at is in no window.
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
            created_at, updated_at
     FROM harel_executions
     WHERE status = ?4 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
       AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+      AND +id >= ?11 AND +id < ?12
     ORDER BY updated_at, id LIMIT ?10)
 UNION ALL
 SELECT * FROM (
@@ -351,6 +372,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?5 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
       AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+      AND +id >= ?11 AND +id < ?12
     ORDER BY updated_at, id LIMIT ?10)
 UNION ALL
 SELECT * FROM (
@@ -359,6 +381,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?6 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
       AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+      AND +id >= ?11 AND +id < ?12
     ORDER BY updated_at, id LIMIT ?10)
 UNION ALL
 SELECT * FROM (
@@ -367,6 +390,7 @@ SELECT * FROM (
     FROM harel_executions
     WHERE status = ?7 AND updated_at < ?1 AND updated_at >= ?2 AND (updated_at > ?2 OR id > ?3)
       AND (?8 IS NULL OR definition_id = ?8) AND (?9 = 0 OR parent_id IS NULL)
+      AND +id >= ?11 AND +id < ?12
     ORDER BY updated_at, id LIMIT ?10)
 ORDER BY updated_at, id LIMIT ?10;
 

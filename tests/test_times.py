@@ -168,6 +168,35 @@ def test_a_cursor_pages_only_the_order_it_came_from(store: Any) -> None:
     assert ids(store.list_executions(cursor=untimed, newest_first=True, updated_after=0)) == []
 
 
+def test_an_id_prefix_bounds_every_listing_shape(store: Any) -> None:
+    """In id order a range of the index, in update order a check on each row; with every
+    filter and page size, across pages, and with characters LIKE or GLOB would read."""
+    stage(store)
+    for eid in ("e%", "e_1", "e\U0010ffff", "f", "e10"):
+        store.save(Execution(id=eid, definition_id="d", status="running"))
+    everything = walk(store, 50)
+    filters: list[dict[str, Any]] = [
+        {},
+        {"status": "running"},
+        {"status": ["running", "failed"]},
+        {"definition_id": "d"},
+        {"roots_only": True},
+        {"definition_id": "d", "roots_only": True, "status": "running"},
+        {"newest_first": True},
+        {"newest_first": True, "status": "running"},
+        {"updated_after": 15.0},
+        {"updated_after": 0.0, "newest_first": True, "roots_only": True},
+    ]
+    for prefix in ("e", "e1", "e%", "e_", "e\U0010ffff", "", "g", "e0"):
+        for kwargs in filters:
+            whole = walk(store, 50, **kwargs)
+            want = [i for i in whole if i.startswith(prefix)]
+            for limit in (1, 2, 50):
+                assert walk(store, limit, id_prefix=prefix, **kwargs) == want, (prefix, kwargs)
+    assert walk(store, 2, id_prefix="e1") == ["e1", "e10"]
+    assert len(everything) == 11
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
@@ -180,6 +209,7 @@ def test_a_cursor_pages_only_the_order_it_came_from(store: Any) -> None:
         ({"newest_first": True, "limit": 0}, ValueError),
         ({"newest_first": True, "status": "paused"}, ValueError),
         ({"newest_first": True, "cursor": "!!"}, ValueError),
+        ({"id_prefix": 7}, TypeError),
     ],
 )
 def test_bad_listing_arguments_are_refused(store: Any, kwargs: dict[str, Any], error: Any) -> None:
