@@ -168,7 +168,8 @@ def test_status_counts(db: str) -> None:
     assert 0 <= status["oldest_outbox_age"] < 3600
     text = ok(cli("status", "--url", db))
     assert "5 total: running 2, finished 2, failed 1, cancelled 0" in text
-    assert "1 pending, oldest " in text and "1 due, 1 future" in text
+    assert "1 pending, oldest " in text and "1 due, most overdue by 1" in text
+    assert ", 1 future" in text
     assert "claimed" not in text
     assert (status["claimed_outbox"], status["claimed_spawns"], status["claimed_timers"]) == (
         0,
@@ -187,7 +188,7 @@ def test_status_counts_what_workers_hold(db: str) -> None:
     )
     text = ok(cli("status", "--url", db))
     assert "outbox      1 pending, oldest " in text and "(1 claimed by a worker)" in text
-    assert "spawns      1 pending\n" in text
+    assert "spawns      1 pending, oldest " in text and text.count("claimed by a worker") == 2
 
 
 def test_status_says_unknown_for_an_outbox_entry_without_a_time(db: str) -> None:
@@ -243,7 +244,7 @@ def test_ls_all_pages_with_the_cursor_and_pipes_cleanly(tmp_path: Path) -> None:
 
 
 def test_show(db: str) -> None:
-    doc = json.loads(ok(cli("show", "order-1", "--url", db)))
+    doc = json.loads(ok(cli("show", "order-1", "--json", "--url", db)))
     assert doc["execution"]["id"] == "order-1" and doc["execution"]["version"] == 2
     assert [t["path"] for t in doc["timers"]] == ["placed.late", "placed.remind"]
     assert [e["event"]["id"] for e in doc["outbox"]] == ["evt-ping"]
@@ -399,7 +400,10 @@ def test_against_sqld_with_a_token_from_the_environment(sqld: SqldServer, tmp_pa
     status = json.loads(ok(cli("status", "--json", env=env)))
     assert status["executions"]["running"] == 2 and status["pending_outbox"] == 1
     assert "order-1.ship" in ok(cli("ls", "--status", "running", env=env))
-    assert json.loads(ok(cli("show", "order-1", env=env)))["children"][0]["id"] == "order-1.pay"
+    assert (
+        json.loads(ok(cli("show", "order-1", "--json", env=env)))["children"][0]["id"]
+        == "order-1.pay"
+    )
     assert "placed -> paid" in ok(cli("trace", "order-1", env=env))
     assert ok(cli("purge", "invoice-1", env=env)) == "purged invoice-1 (version 1)\n"
     replica = ["--url", str(tmp_path / "replica.db"), "--sync-url", sqld.url]
@@ -488,7 +492,7 @@ def test_a_time_out_of_datetime_range_is_printed_as_its_number(db: str) -> None:
         conn.execute("UPDATE harel_trace SET entry = json_set(entry, '$.at', 1.7e15) WHERE idx = 1")
     table = ok(cli("ls", "--url", db)).splitlines()
     assert next(row for row in table if row.startswith("invoice-1")).endswith("1700000000000000.0")
-    timers = json.loads(ok(cli("show", "order-1", "--url", db)))["timers"]
+    timers = json.loads(ok(cli("show", "order-1", "--json", "--url", db)))["timers"]
     assert timers[1] == {"path": "placed.remind", "fire_at": 1e308, "fire_at_utc": "1e+308"}
     lines = ok(cli("trace", "order-1", "--url", db)).splitlines()
     assert "+0.000s" in lines[0] and "1700000000000000.0" in lines[1]
@@ -537,6 +541,15 @@ def test_control_characters_in_stored_strings_reach_no_terminal(tmp_path: Path) 
         s.save(Execution(id=nasty, definition_id=nasty, active_path=nasty, status="finished"))
         s.save(Execution(id=f"{nasty}.child", definition_id="d", parent_id=nasty, status="failed"))
         s.append_trace(nasty, {"event": nasty, "transition": nasty, "note": nasty})
+        exe = s.load(nasty)
+        assert exe is not None
+        s.commit(
+            exe,
+            [(nasty, Event(name=nasty))],
+            timers=(TimerOp.schedule(nasty, time.time() + 60),),
+            spawns=((f"{nasty}.spawned", nasty, {}),),
+        )
+        assert s.claim_outbox(nasty)
     with closing(sqlite3.connect(database)) as conn, conn:
         conn.execute(
             "UPDATE harel_executions SET status = ? WHERE id = ?", (nasty, f"{nasty}.child")
@@ -545,7 +558,11 @@ def test_control_characters_in_stored_strings_reach_no_terminal(tmp_path: Path) 
         "ls": cli("ls", "--url", database),
         "status": cli("status", "--url", database),
         "trace": cli("trace", nasty, "--url", database),
-        "show": cli("show", nasty, "--url", database),
+        "show": cli("show", nasty, "--json", "--url", database),
+        "show text": cli("show", nasty, "--url", database),
+        "outbox": cli("outbox", "--url", database),
+        "spawns": cli("spawns", "--url", database),
+        "timers": cli("timers", "--url", database),
         "ls --json": cli("ls", "--json", "--url", database),
         "status --json": cli("status", "--json", "--url", database),
         "trace --json": cli("trace", nasty, "--json", "--url", database),
@@ -558,6 +575,7 @@ def test_control_characters_in_stored_strings_reach_no_terminal(tmp_path: Path) 
     timeline = ok(outputs["trace"])
     assert timeline.count(shown) == 2 and '"\\u001b[31mred\\u0007\\r\\u007f\\u009b"' in timeline
     assert json.loads(ok(outputs["show"]))["execution"]["active_path"] == nasty
+    assert f"execution {shown}" in ok(outputs["show text"])
     assert [json.loads(ln)["id"] for ln in ok(outputs["ls --json"]).splitlines()] == [
         nasty,
         f"{nasty}.child",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from harel_store import __version__
-from harel_store.cli import demo, executions, schema, status
+from harel_store.cli import demo, executions, relays, schema, status
 from harel_store.cli.common import Command
 from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
@@ -24,7 +24,9 @@ __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 COMMANDS: list[Command] = [
     *schema.COMMANDS[:1],
     *status.COMMANDS,
-    *executions.COMMANDS,
+    *executions.COMMANDS[:3],  # ls, show, trace
+    *relays.COMMANDS,
+    *executions.COMMANDS[3:],  # purge
     *schema.COMMANDS[1:],
     *demo.COMMANDS,
 ]
@@ -41,9 +43,10 @@ examples:
   {PROG} demo
   {PROG} migrate --url state.db
   HAREL_DATABASE_URL=http://127.0.0.1:8080 {PROG} status
-  {PROG} ls --status failed --roots
+  {PROG} ls --status failed --since 1h --newest
   {PROG} show order-1a2b3c4d
-  {PROG} schema --check
+  {PROG} outbox --limit 20
+  {PROG} status --check --max-outbox-age 60s
 
 exit codes: 0 ok, 1 failure, 2 usage error
 """

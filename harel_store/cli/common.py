@@ -4,6 +4,9 @@ types."""
 from __future__ import annotations
 
 import argparse
+import datetime
+import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +19,8 @@ from harel_store.connection.revision import revision
 from harel_store.migrate import database_from_env
 from harel_store.models import Execution
 from harel_store.store import LibsqlStore, Store
+
+MAX_SPAN = 100 * 365 * 86400.0  # seconds: any longer duration is a typo
 
 
 class Command(NamedTuple):
@@ -86,6 +91,38 @@ def limit(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds, written ``90``, ``90s``, ``5m``, ``1.5h`` or ``2d``."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration (30s, 5m, 1h, 2d): {text!r}")
+    seconds = float(match[1]) * UNITS[match[2] or "s"]
+    if seconds > MAX_SPAN:
+        raise argparse.ArgumentTypeError(f"longer than 100 years: {text!r}")
+    return seconds
+
+
+def moment(text: str) -> float:
+    """An argparse type: an epoch time, written as a duration back from now (``1h``: an hour
+    ago) or as ISO 8601 (``2026-12-01``, ``2026-12-01T10:00Z``; no offset means UTC)."""
+    if _DURATION.fullmatch(text.strip()):
+        return time.time() - duration(text)
+    try:
+        at = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (a duration back from now such as 1h, or ISO 8601 such as"
+            " 2026-12-01T10:00Z)"
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=datetime.timezone.utc)
+    return at.timestamp()
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:

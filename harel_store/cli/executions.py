@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from pydantic import ValidationError
 
-from harel_store.cli.common import Command, add_id, add_json, limit, load, open_store
+from harel_store.cli import relays
+from harel_store.cli.common import Command, add_id, add_json, limit, load, moment, open_store
 from harel_store.cli.output import (
     COLOURS,
     PROG,
@@ -16,19 +18,30 @@ from harel_store.cli.output import (
     paint,
     plain,
     since,
+    table,
     to_json,
     when,
 )
 from harel_store.errors import StoreError
-from harel_store.models import STATUSES, Execution, ExecutionSummary
+from harel_store.models import STATUSES, ArmedTimer, Execution, ExecutionSummary
 from harel_store.store import MAX_PAGE, Store
 
-COLUMNS = ("ID", "DEFINITION", "VERSION", "STATUS", "OUTCOME", "ACTIVE PATH", "PARENT", "FINISHED")
+COLUMNS = (
+    "ID",
+    "DEFINITION",
+    "VERSION",
+    "STATUS",
+    "OUTCOME",
+    "ACTIVE PATH",
+    "PARENT",
+    "UPDATED",
+    "FINISHED",
+)
 
 
 def _cells(s: ExecutionSummary) -> list[str]:
     text = [s.id, s.definition_id, str(s.version), s.status, s.outcome, s.active_path, s.parent_id]
-    return [plain(cell or "") for cell in text] + [when(s.finished_at)]
+    return [plain(cell or "") for cell in text] + [when(s.updated_at), when(s.finished_at)]
 
 
 def ls(args: argparse.Namespace) -> int:
@@ -45,6 +58,10 @@ def ls(args: argparse.Namespace) -> int:
                 roots_only=args.roots,
                 limit=MAX_PAGE if remaining is None else min(MAX_PAGE, remaining),
                 cursor=cursor,
+                updated_after=args.since,
+                updated_before=args.until,
+                newest_first=args.newest,
+                id_prefix=args.id_prefix,
             )
             for item in page.items:
                 if args.json:
@@ -79,19 +96,73 @@ def ls(args: argparse.Namespace) -> int:
 def show_execution(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         exe = load(store, args)
+        # The smallest id with this prefix is the id itself: its summary carries the times.
+        summary = store.list_executions(id_prefix=args.id, limit=1).items[0]
+        timers = store.timers_of(args.id)
+        inbox = store.outbox_for(args.id)
+        emitted = store.outbox_view(source=args.id, limit=MAX_PAGE)
+        spawns = store.spawns_view(parent=args.id, limit=MAX_PAGE)
+        children = store.children_of(args.id)
+    if args.json:
         doc = {
             "execution": exe.model_dump(mode="json"),
+            "created_at": summary.created_at,
+            "updated_at": summary.updated_at,
             "timers": [
-                {"path": path, "fire_at": at, "fire_at_utc": when(at)}
-                for path, at in store.timers_of(args.id)
+                {"path": path, "fire_at": at, "fire_at_utc": when(at)} for path, at in timers
             ],
-            "outbox": [
-                {"seq": e.seq, "event": e.event.model_dump(mode="json")}
-                for e in store.outbox_for(args.id)
-            ],
-            "children": [c.model_dump(mode="json") for c in store.children_of(args.id)],
+            "outbox": [{"seq": e.seq, "event": e.event.model_dump(mode="json")} for e in inbox],
+            "emitted": [relays.outbox_doc(e) for e in emitted],
+            "spawns": [relays.spawn_doc(e) for e in spawns],
+            "children": [c.model_dump(mode="json") for c in children],
         }
-    print(to_json(doc, indent=2))
+        print(to_json(doc, indent=2))
+        return 0
+    on = colour_on(sys.stdout)
+    now = time.time()
+    fields = [
+        ("definition", exe.definition_id),
+        ("version", str(exe.version)),
+        ("status", paint(plain(exe.status), COLOURS.get(exe.status), on)),
+        ("outcome", exe.outcome or ""),
+        ("active path", exe.active_path or ""),
+        ("parent", exe.parent_id or ""),
+        ("created", when(summary.created_at)),
+        ("updated", when(summary.updated_at)),
+        ("finished", when(exe.finished_at)),
+        ("context", to_json(exe.context, separators=(",", ":"))),
+    ]
+    print(paint(f"execution {plain(exe.id)}", "1", on))
+    for label, value in fields:
+        if value:
+            print(f"  {label:<12} {value if label == 'status' else plain(value)}")
+    timer_rows = relays.timer_rows(
+        [ArmedTimer(exe.id, path, at, None, None) for path, at in timers], now
+    )
+    sections = [
+        ("timers", relays.TIMER_COLUMNS[1:4], [row[1:4] for row in timer_rows]),
+        (
+            "pending outbox entries it emitted",
+            relays.OUTBOX_COLUMNS,
+            relays.outbox_rows(emitted, now),
+        ),
+        (
+            "pending outbox entries for it",
+            ("SEQ", "EVENT"),
+            [[str(e.seq), plain(e.event.name)] for e in inbox],
+        ),
+        ("pending spawns", relays.SPAWN_COLUMNS, relays.spawn_rows(spawns, now)),
+        (
+            "children",
+            ("ID", "STATUS", "VERSION", "UPDATED"),
+            [[plain(c.id), plain(c.status), str(c.version), when(c.updated_at)] for c in children],
+        ),
+    ]
+    for title, columns, rows in sections:
+        print()
+        print(paint(f"{title} ({len(rows)})", "1", on))
+        if rows:
+            table(["  " + columns[0], *columns[1:]], [["  " + r[0], *r[1:]] for r in rows], on)
     return 0
 
 
@@ -190,12 +261,24 @@ def configure_ls(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--definition", metavar="D", help="only this definition id")
     parser.add_argument("--roots", action="store_true", help="only executions without a parent")
+    parser.add_argument("--id-prefix", metavar="P", help="only ids that start with P")
+    parser.add_argument(
+        "--since",
+        type=moment,
+        metavar="WHEN",
+        help="updated at or after WHEN (1h, 2026-12-01T10:00Z)",
+    )
+    parser.add_argument("--until", type=moment, metavar="WHEN", help="updated before WHEN")
+    parser.add_argument(
+        "--newest", action="store_true", help="most recently updated first (default: by id)"
+    )
     parser.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N rows (50)")
     parser.add_argument("--all", action="store_true", help="every matching row, page by page")
 
 
 def configure_show(parser: argparse.ArgumentParser) -> None:
     add_id(parser)
+    add_json(parser)
 
 
 def configure_trace(parser: argparse.ArgumentParser) -> None:
@@ -214,18 +297,30 @@ def configure_purge(parser: argparse.ArgumentParser) -> None:
 COMMANDS = [
     Command(
         "ls",
-        "list executions (paged by id)",
-        f"""examples:
+        "list executions, by id or most recently updated first",
+        f"""WHEN is a duration back from now (90s, 5m, 1h, 2d) or an ISO 8601 time (UTC unless it
+has an offset). Rows are listed by id; with --since or --until by update time, oldest
+first; with --newest, most recently updated first. Times are shown in ISO 8601 UTC;
+UPDATED is the last write's time on the database's clock (empty for rows last written
+before migration 0005: listed last by --newest, left out by --since and --until).
+
+examples:
   {PROG} ls
+  {PROG} ls --status failed --since 1h --newest      # what failed in the last hour
   {PROG} ls --status running --status failed --definition order --roots
+  {PROG} ls --since 2026-12-01T10:00Z --until 2026-12-01T11:00Z
+  {PROG} ls --id-prefix order-1a2b
   {PROG} ls --all --json | jq -r .id""",
         ls,
         configure_ls,
     ),
     Command(
         "show",
-        "one execution with its timers, pending outbox entries and children, as JSON",
-        f"""examples:
+        "one execution: its fields, timers, pending outbox entries and spawns, children",
+        f"""--json prints one document: the stored execution, its times, timers, the pending
+entries for it (outbox) and from it (emitted), its pending spawns and children.
+
+examples:
   {PROG} show order-1a2b3c4d
   {PROG} show order-1a2b3c4d | jq .execution.context""",
         show_execution,

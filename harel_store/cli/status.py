@@ -1,16 +1,20 @@
-"""``status``: the schema revision, executions by status, pending relays and timers."""
+"""``status``: the schema revision, executions by status, pending relays and timers; with
+``--check``, a health check for cron, probes and CI."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from typing import Any
 
-from harel_store.cli.common import Command, add_json, database, open_store
+from harel_store.cli.common import Command, add_json, database, duration, open_store, require_local
 from harel_store.cli.output import COLOURS, PROG, age, colour_on, paint, plain, to_json
+from harel_store.cli.schema import drift
 from harel_store.connection import show
 from harel_store.models import STATUSES
-from harel_store.sql import HEAD
+from harel_store.sql import HEAD, MIGRATIONS
+from harel_store.store import StoreStats
 
 
 def _held(claimed: int) -> str:
@@ -18,63 +22,159 @@ def _held(claimed: int) -> str:
     return f" ({claimed} claimed by a worker)" if claimed else ""
 
 
+def _ages(stats: StoreStats, now: float) -> dict[str, float | None]:
+    """How old the oldest pending outbox entry and spawn are, and how late the most overdue
+    timer is (None: nothing pending or overdue, or written before rows had a time)."""
+
+    def since(at: float | None) -> float | None:
+        return None if at is None else max(now - at, 0.0)
+
+    lag = since(stats.soonest_timer_at) if stats.timers_due else None
+    return {
+        "oldest_outbox_age": since(stats.oldest_outbox_at) if stats.pending_outbox else None,
+        "oldest_spawn_age": since(stats.oldest_spawn_at) if stats.pending_spawns else None,
+        "timer_lag": lag,
+    }
+
+
+# --check's thresholds: the option, the age it bounds, and what that age is.
+THRESHOLDS = (
+    ("max_outbox_age", "oldest_outbox_age", "the oldest pending outbox entry is {} old"),
+    ("max_timer_lag", "timer_lag", "the most overdue timer is {} late"),
+    ("max_spawn_age", "oldest_spawn_age", "the oldest pending spawn is {} old"),
+)
+HELP = {
+    "max_outbox_age": "fail when the oldest pending outbox entry is older than DUR (60s, 5m)",
+    "max_timer_lag": "fail when a due timer has waited longer than DUR past its time",
+    "max_spawn_age": "fail when the oldest pending spawn is older than DUR",
+}
+
+
+def _crossed(args: argparse.Namespace, ages: dict[str, float | None]) -> list[str]:
+    failures = []
+    for option, key, what in THRESHOLDS:
+        limit: float | None = getattr(args, option)
+        seen = ages[key]
+        if limit is not None and seen is not None and seen > limit:
+            flag = "--" + option.replace("_", "-")
+            failures.append(f"{flag} {age(limit)}: {what.format(age(seen))}")
+    return failures
+
+
+def _schema_problems(where: str, sync_url: str | None) -> list[str]:
+    """Why the schema is not the head schema (nothing: it is)."""
+    require_local(where, sync_url)
+    current, lines = drift(sync_url or where)
+    if current != HEAD:
+        known = [m.revision for m in MIGRATIONS]
+        state = "behind" if current is None or current in known else "ahead of"
+        return [f"schema: at revision {current}, {state} head {HEAD}"]
+    return [f"schema drifted from head: {line}" for line in lines]
+
+
 def status(args: argparse.Namespace) -> int:
     where = database(args)
+    args.check = args.check or any(getattr(args, t[0]) is not None for t in THRESHOLDS)
+    failures = _schema_problems(where, args.sync_url) if args.check else []
+    if failures:  # the counts below need the head schema
+        for line in failures:
+            print(f"{PROG}: check failed: {plain(line)}", file=sys.stderr)
+        return 1
     with open_store(args) as store:
         now = time.time()
         stats = store.stats(now)
     counts = {status: stats.executions.get(status, 0) for status in STATUSES}
     counts.update(stats.executions)
-    oldest_age = None if stats.oldest_outbox_at is None else now - stats.oldest_outbox_at
+    ages = _ages(stats, now)
+    failures = _crossed(args, ages) if args.check else []
     if args.json:
-        doc = {
+        doc: dict[str, Any] = {
             "database": show(where),
             "schema_revision": stats.schema_revision,
             "head": HEAD,
             "executions": counts,
             "pending_outbox": stats.pending_outbox,
-            "oldest_outbox_age": oldest_age,
+            "oldest_outbox_age": ages["oldest_outbox_age"],
             "pending_spawns": stats.pending_spawns,
+            "oldest_spawn_age": ages["oldest_spawn_age"],
             "timers_due": stats.timers_due,
             "timers_future": stats.timers_future,
+            "timer_lag": ages["timer_lag"],
             "claimed_outbox": stats.claimed_outbox,
             "claimed_spawns": stats.claimed_spawns,
             "claimed_timers": stats.claimed_timers,
         }
+        if args.check:
+            doc["check"] = {"ok": not failures, "failures": failures}
         print(to_json(doc))
-        return 0
+    else:
+        _print_status(where, stats, counts, ages)
+    for line in failures:
+        print(f"{PROG}: check failed: {line}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _oldest(pending: int, seen: float | None, word: str) -> str:
+    if not pending:
+        return ""
+    return f", {word} {'unknown' if seen is None else age(seen)}"
+
+
+def _print_status(
+    where: str, stats: StoreStats, counts: dict[str, int], ages: dict[str, float | None]
+) -> None:
     on = colour_on(sys.stdout)
     state = "up to date" if stats.schema_revision == HEAD else "differs"
-    oldest = ""
-    if stats.pending_outbox:
-        oldest = f", oldest {'unknown' if oldest_age is None else age(oldest_age) + ' old'}"
     by_status = ", ".join(
         f"{paint(plain(status), COLOURS.get(status), on)} {n}" for status, n in counts.items()
     )
+    outbox_age = _oldest(stats.pending_outbox, ages["oldest_outbox_age"], "oldest")
+    spawn_age = _oldest(stats.pending_spawns, ages["oldest_spawn_age"], "oldest")
+    lag = _oldest(stats.timers_due, ages["timer_lag"], "most overdue by")
     rows = [
         ("database", plain(show(where))),
         ("schema", f"{plain(str(stats.schema_revision))} (head {HEAD}, {state})"),
         ("executions", f"{sum(counts.values())} total: {by_status}"),
-        ("outbox", f"{stats.pending_outbox} pending{oldest}{_held(stats.claimed_outbox)}"),
-        ("spawns", f"{stats.pending_spawns} pending{_held(stats.claimed_spawns)}"),
+        ("outbox", f"{stats.pending_outbox} pending{outbox_age}{_held(stats.claimed_outbox)}"),
+        ("spawns", f"{stats.pending_spawns} pending{spawn_age}{_held(stats.claimed_spawns)}"),
         (
             "timers",
-            f"{stats.timers_due} due, {stats.timers_future} future{_held(stats.claimed_timers)}",
+            f"{stats.timers_due} due{lag}, {stats.timers_future} future"
+            f"{_held(stats.claimed_timers)}",
         ),
     ]
     for label, value in rows:
         print(f"{label:<11} {value}")
-    return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_json(parser)
+    check = parser.add_argument_group("health check")
+    check.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the schema is not the head schema or a threshold below is crossed",
+    )
+    for option, _key, _what in THRESHOLDS:
+        flag = "--" + option.replace("_", "-")
+        check.add_argument(
+            flag, type=duration, metavar="DUR", help=HELP[option] + " (implies --check)"
+        )
 
 
 COMMANDS = [
     Command(
         "status",
-        "schema revision, executions by status, pending relays and timers",
-        f"""examples:
+        "schema revision, executions by status, pending relays and timers; --check for probes",
+        f"""--check exits 1, naming each problem on stderr, when the schema is behind, ahead
+of or drifted from head, or when a given threshold is crossed; otherwise 0. Ages are
+measured on this machine's clock against times the database's clock wrote.
+
+examples:
   {PROG} status
-  {PROG} status --json | jq .executions""",
+  {PROG} status --json | jq .executions
+  {PROG} status --check --max-outbox-age 60s --max-timer-lag 30s --max-spawn-age 60s""",
         status,
-        add_json,
+        configure,
     )
 ]

@@ -1,0 +1,213 @@
+"""``outbox``, ``timers`` and ``spawns``: what the relays and the timer sweep still have to
+do, oldest (or soonest) first, and who holds it under a lease."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from harel_store.cli.common import Command, add_json, limit, open_store
+from harel_store.cli.output import PROG, age, colour_on, plain, table, to_json, when
+from harel_store.models import ArmedTimer, PendingOutbox, PendingSpawn
+
+OUTBOX_COLUMNS = ("SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED BY")
+SPAWN_COLUMNS = ("SEQ", "AGE", "PARENT", "CHILD", "ROOT PATH", "CLAIMED BY")
+TIMER_COLUMNS = ("EXECUTION", "PATH", "FIRE AT", "DUE", "CLAIMED BY")
+
+
+def _age_of(at: float | None, now: float) -> str:
+    return "" if at is None else age(now - at)
+
+
+def _holder(claimed_by: str | None, claimed_until: float | None, now: float) -> str:
+    """The worker holding a row under a live lease (an expired lease holds nothing)."""
+    if claimed_by is None or claimed_until is None or claimed_until <= now:
+        return ""
+    return f"{plain(claimed_by)} ({age(claimed_until - now)} left)"
+
+
+def outbox_rows(entries: Sequence[PendingOutbox], now: float) -> list[list[str]]:
+    return [
+        [
+            str(e.seq),
+            _age_of(e.created_at, now),
+            plain(e.source_id or ""),
+            plain(e.target_id or "(publish)"),
+            plain(e.event.name),
+            _holder(e.claimed_by, e.claimed_until, now),
+        ]
+        for e in entries
+    ]
+
+
+def spawn_rows(entries: Sequence[PendingSpawn], now: float) -> list[list[str]]:
+    return [
+        [
+            str(e.seq),
+            _age_of(e.created_at, now),
+            plain(e.parent_id),
+            plain(e.child_id),
+            plain(e.root_path),
+            _holder(e.claimed_by, e.claimed_until, now),
+        ]
+        for e in entries
+    ]
+
+
+def _due(fire_at: float, now: float) -> str:
+    try:
+        return f"{age(now - fire_at)} ago" if fire_at <= now else f"in {age(fire_at - now)}"
+    except OverflowError:  # an int past the largest float
+        return ""
+
+
+def timer_rows(timers: Sequence[ArmedTimer], now: float) -> list[list[str]]:
+    return [
+        [
+            plain(t.execution_id),
+            plain(t.path),
+            when(t.fire_at),
+            _due(t.fire_at, now),
+            _holder(t.claimed_by, t.claimed_until, now),
+        ]
+        for t in timers
+    ]
+
+
+def outbox_doc(e: PendingOutbox) -> dict[str, Any]:
+    return {
+        "seq": e.seq,
+        "source_id": e.source_id,
+        "target_id": e.target_id,
+        "created_at": e.created_at,
+        "claimed_by": e.claimed_by,
+        "claimed_until": e.claimed_until,
+        "event": e.event.model_dump(mode="json"),
+    }
+
+
+def spawn_doc(e: PendingSpawn) -> dict[str, Any]:
+    return {
+        "seq": e.seq,
+        "parent_id": e.parent_id,
+        "child_id": e.child_id,
+        "root_path": e.root_path,
+        "created_at": e.created_at,
+        "claimed_by": e.claimed_by,
+        "claimed_until": e.claimed_until,
+        "context": e.context,
+    }
+
+
+def timer_doc(t: ArmedTimer) -> dict[str, Any]:
+    return {
+        "execution_id": t.execution_id,
+        "path": t.path,
+        "fire_at": t.fire_at,
+        "claimed_by": t.claimed_by,
+        "claimed_until": t.claimed_until,
+    }
+
+
+def _print(
+    args: argparse.Namespace,
+    items: Sequence[Any],
+    columns: Sequence[str],
+    rows: list[list[str]],
+    doc: Any,
+    what: str,
+) -> int:
+    if args.json:
+        for item in items:
+            print(to_json(doc(item), separators=(",", ":")))
+    elif items:
+        table(columns, rows, colour_on(sys.stdout))
+    if not items:
+        print(f"{PROG}: no {what}", file=sys.stderr)
+    elif len(items) == args.limit:
+        print(f"{PROG}: showing the first {len(items)} (use --limit N for more)", file=sys.stderr)
+    return 0
+
+
+def outbox(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        entries = store.outbox_view(target=args.target, source=args.source, limit=args.limit)
+    now = time.time()
+    rows = outbox_rows(entries, now)
+    return _print(args, entries, OUTBOX_COLUMNS, rows, outbox_doc, "pending outbox entries")
+
+
+def spawns(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        entries = store.spawns_view(parent=args.parent, limit=args.limit)
+    now = time.time()
+    return _print(
+        args, entries, SPAWN_COLUMNS, spawn_rows(entries, now), spawn_doc, "pending spawns"
+    )
+
+
+def timers(args: argparse.Namespace) -> int:
+    now = time.time()
+    with open_store(args) as store:
+        armed = store.timers_view(due_before=now if args.due else None, limit=args.limit)
+    what = "due timers" if args.due else "armed timers"
+    return _print(args, armed, TIMER_COLUMNS, timer_rows(armed, now), timer_doc, what)
+
+
+def _limit_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N rows (50)")
+    add_json(parser)
+
+
+def configure_outbox(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", metavar="ID", help="only entries for this execution")
+    parser.add_argument("--source", metavar="ID", help="only entries this execution emitted")
+    _limit_json(parser)
+
+
+def configure_spawns(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--parent", metavar="ID", help="only spawns of this parent")
+    _limit_json(parser)
+
+
+def configure_timers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--due", action="store_true", help="only timers due now")
+    _limit_json(parser)
+
+
+COMMANDS = [
+    Command(
+        "outbox",
+        "pending outbox entries, oldest first, and the worker holding each",
+        f"""TARGET (publish) is an entry with no target execution. AGE is measured on this
+machine's clock from the time the database's clock wrote.
+
+examples:
+  {PROG} outbox
+  {PROG} outbox --target order-1a2b3c4d
+  {PROG} outbox --source order-1a2b3c4d --json | jq .event.name""",
+        outbox,
+        configure_outbox,
+    ),
+    Command(
+        "timers",
+        "armed timers, soonest first",
+        f"""examples:
+  {PROG} timers
+  {PROG} timers --due --limit 500""",
+        timers,
+        configure_timers,
+    ),
+    Command(
+        "spawns",
+        "pending child spawns, oldest first",
+        f"""examples:
+  {PROG} spawns
+  {PROG} spawns --parent order-1a2b3c4d --json""",
+        spawns,
+        configure_spawns,
+    ),
+]
