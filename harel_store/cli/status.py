@@ -23,17 +23,21 @@ def _held(claimed: int) -> str:
 
 
 def _ages(stats: StoreStats, now: float) -> dict[str, float | None]:
-    """How old the oldest pending outbox entry and spawn are, and how late the most overdue
-    timer is (None: nothing pending or overdue, or written before rows had a time)."""
+    """How old the oldest pending outbox entry and spawn are, on the database's clock that
+    wrote their times, and how late the most overdue timer is, on this machine's clock (the
+    engine's, that set it); None: nothing pending or overdue, or written before rows had a
+    time."""
 
-    def since(at: float | None) -> float | None:
-        return None if at is None else max(now - at, 0.0)
+    def since(at: float | None, clock: float) -> float | None:
+        return None if at is None else max(clock - at, 0.0)
 
-    lag = since(stats.soonest_timer_at) if stats.timers_due else None
+    outbox = since(stats.oldest_outbox_at, stats.now) if stats.pending_outbox else None
     return {
-        "oldest_outbox_age": since(stats.oldest_outbox_at) if stats.pending_outbox else None,
-        "oldest_spawn_age": since(stats.oldest_spawn_at) if stats.pending_spawns else None,
-        "timer_lag": lag,
+        "oldest_outbox_age": outbox,
+        "oldest_spawn_age": since(stats.oldest_spawn_at, stats.now)
+        if stats.pending_spawns
+        else None,
+        "timer_lag": since(stats.soonest_timer_at, now) if stats.timers_due else None,
     }
 
 
@@ -167,8 +171,9 @@ COMMANDS = [
         "status",
         "schema revision, executions by status, pending relays and timers; --check for probes",
         f"""--check exits 1, naming each problem on stderr, when the schema is behind, ahead
-of or drifted from head, or when a given threshold is crossed; otherwise 0. Ages are
-measured on this machine's clock against times the database's clock wrote.
+of or drifted from head, or when a given threshold is crossed; otherwise 0. Ages of
+outbox entries and spawns are on the database's clock, which wrote their times; a
+timer's lag on this machine's, like the engine that armed it.
 
 examples:
   {PROG} status
