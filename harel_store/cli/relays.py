@@ -78,38 +78,15 @@ def timer_rows(timers: Sequence[ArmedTimer], now: float) -> list[list[str]]:
 
 
 def outbox_doc(e: PendingOutbox) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "source_id": e.source_id,
-        "target_id": e.target_id,
-        "created_at": e.created_at,
-        "claimed_by": e.claimed_by,
-        "claimed_until": e.claimed_until,
-        "event": e.event.model_dump(mode="json"),
-    }
+    return {**e._asdict(), "event": e.event.model_dump(mode="json")}
 
 
 def spawn_doc(e: PendingSpawn) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "parent_id": e.parent_id,
-        "child_id": e.child_id,
-        "root_path": e.root_path,
-        "created_at": e.created_at,
-        "claimed_by": e.claimed_by,
-        "claimed_until": e.claimed_until,
-        "context": e.context,
-    }
+    return e._asdict()
 
 
 def timer_doc(t: ArmedTimer) -> dict[str, Any]:
-    return {
-        "execution_id": t.execution_id,
-        "path": t.path,
-        "fire_at": t.fire_at,
-        "claimed_by": t.claimed_by,
-        "claimed_until": t.claimed_until,
-    }
+    return t._asdict()
 
 
 def _print(
