@@ -8,11 +8,11 @@ from typing import Any
 from alembic import context
 from sqlalchemy import create_engine, event, pool
 
-from harel_store.migrate import (
+from harel_store.connection.url import (
     DEFAULT_DATABASE,
+    alembic_url,
     database_from_env,
     parse_database,
-    sqlalchemy_url,
     token_from_env,
 )
 
@@ -36,7 +36,7 @@ database = parse_database(
     ),
     token_from_env(),
 )
-url = sqlalchemy_url(database)
+url = alembic_url(database)
 options: dict[str, Any] = {"transactional_ddl": True}
 # How long an upgrade of a local file waits for another process's upgrade (the driver's
 # default is not to wait at all: "database is locked").

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harel_store.batch import drive
-from harel_store.cli.output import PROG, Failure, token
+from harel_store.cli.output import PROG, Failure
 from harel_store.connection import Connection, open_libsql, parse_database, show
 from harel_store.connection.revision import revision
+from harel_store.connection.url import token_from_env
 from harel_store.migrate import database_from_env
 from harel_store.models import Execution
 from harel_store.store import LibsqlStore, Store
@@ -55,14 +56,14 @@ def open_store(args: argparse.Namespace) -> LibsqlStore:
     """The store, checked (never migrated): a schema behind head is a one-line failure."""
     where = database(args)
     require_local(where, args.sync_url)
-    return LibsqlStore(where, auth_token=token(), sync_url=args.sync_url, migrate=False)
+    return LibsqlStore(where, auth_token=token_from_env(), sync_url=args.sync_url, migrate=False)
 
 
 @contextmanager
 def connection(database: str) -> Iterator[Connection]:
     """The database through the store's connection layer, whatever its schema (a replica's
     primary is reached by its own URL: migrate and schema act there)."""
-    conn = open_libsql(database, auth_token=token())
+    conn = open_libsql(database, auth_token=token_from_env())
     try:
         yield conn
     finally:

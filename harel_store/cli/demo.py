@@ -8,8 +8,9 @@ import sys
 
 from harel_store import demo
 from harel_store.cli.common import Command
-from harel_store.cli.output import PROG, token
+from harel_store.cli.output import PROG
 from harel_store.connection import show
+from harel_store.connection.url import token_from_env
 from harel_store.store import LibsqlStore
 
 DEMO_DATABASE = "harel-demo.db"
@@ -17,7 +18,7 @@ DEMO_DATABASE = "harel-demo.db"
 
 def run(args: argparse.Namespace) -> int:
     database = args.url or DEMO_DATABASE
-    with LibsqlStore(database, auth_token=token(), sync_url=args.sync_url) as store:
+    with LibsqlStore(database, auth_token=token_from_env(), sync_url=args.sync_url) as store:
         order = demo.run(store, sys.stdout)
     # The other commands default to harel.db: name the demo's database in every suggestion.
     where = shlex.quote(show(database))

@@ -23,7 +23,7 @@ from harel_store.cli.output import (
     when,
 )
 from harel_store.errors import StoreError
-from harel_store.models import STATUSES, ArmedTimer, Execution, ExecutionSummary
+from harel_store.models import STATUSES, Execution, ExecutionSummary
 from harel_store.store import MAX_PAGE, Store
 
 COLUMNS = (
@@ -136,11 +136,12 @@ def show_execution(args: argparse.Namespace) -> int:
     for label, value in fields:
         if value:
             print(f"  {label:<12} {value if label == 'status' else plain(value)}")
-    timer_rows = relays.timer_rows(
-        [ArmedTimer(exe.id, path, at, None, None) for path, at in timers], now
-    )
     sections = [
-        ("timers", relays.TIMER_COLUMNS[1:4], [row[1:4] for row in timer_rows]),
+        (
+            "timers",
+            ("PATH", "FIRE AT", "DUE"),
+            [[plain(path), when(at), relays.due(at, now)] for path, at in timers],
+        ),
         (
             "pending outbox entries it emitted",
             relays.OUTBOX_COLUMNS,

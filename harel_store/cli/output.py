@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from harel_store.connection.url import TOKEN_ENV, show, token_from_env
+from harel_store.connection.url import TOKEN_ENV, show
 
 PROG = "harel-store"
 COLOURS = {"running": "33", "finished": "32", "failed": "31", "cancelled": "90"}
@@ -95,11 +95,6 @@ def table(
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return widths
-
-
-def token() -> str:
-    """$HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN (a token in the URL wins over either)."""
-    return token_from_env()
 
 
 # A URL (its user info, query and fragment are where a token may ride along: show() drops them).

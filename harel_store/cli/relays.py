@@ -57,7 +57,7 @@ def spawn_rows(entries: Sequence[PendingSpawn], now: float) -> list[list[str]]:
     ]
 
 
-def _due(fire_at: float, now: float) -> str:
+def due(fire_at: float, now: float) -> str:
     try:
         return f"{age(now - fire_at)} ago" if fire_at <= now else f"in {age(fire_at - now)}"
     except OverflowError:  # an int past the largest float
@@ -70,7 +70,7 @@ def timer_rows(timers: Sequence[ArmedTimer], now: float) -> list[list[str]]:
             plain(t.execution_id),
             plain(t.path),
             when(t.fire_at),
-            _due(t.fire_at, now),
+            due(t.fire_at, now),
             _holder(t.claimed_by, t.claimed_until, now),
         ]
         for t in timers
