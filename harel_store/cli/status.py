@@ -41,22 +41,32 @@ def _ages(stats: StoreStats, now: float) -> dict[str, float | None]:
     }
 
 
-# --check's thresholds: the option, the age it bounds, and what that age is.
+# --check's thresholds: the option, the age it bounds, what that age is, and its --help.
 THRESHOLDS = (
-    ("max_outbox_age", "oldest_outbox_age", "the oldest pending outbox entry is {} old"),
-    ("max_timer_lag", "timer_lag", "the most overdue timer is {} late"),
-    ("max_spawn_age", "oldest_spawn_age", "the oldest pending spawn is {} old"),
+    (
+        "max_outbox_age",
+        "oldest_outbox_age",
+        "the oldest pending outbox entry is {} old",
+        "fail when the oldest pending outbox entry is older than DUR (60s, 5m)",
+    ),
+    (
+        "max_timer_lag",
+        "timer_lag",
+        "the most overdue timer is {} late",
+        "fail when a due timer has waited longer than DUR past its time",
+    ),
+    (
+        "max_spawn_age",
+        "oldest_spawn_age",
+        "the oldest pending spawn is {} old",
+        "fail when the oldest pending spawn is older than DUR",
+    ),
 )
-HELP = {
-    "max_outbox_age": "fail when the oldest pending outbox entry is older than DUR (60s, 5m)",
-    "max_timer_lag": "fail when a due timer has waited longer than DUR past its time",
-    "max_spawn_age": "fail when the oldest pending spawn is older than DUR",
-}
 
 
 def _crossed(args: argparse.Namespace, ages: dict[str, float | None]) -> list[str]:
     failures = []
-    for option, key, what in THRESHOLDS:
+    for option, key, what, _help in THRESHOLDS:
         limit: float | None = getattr(args, option)
         seen = ages[key]
         if limit is not None and seen is not None and seen > limit:
@@ -159,10 +169,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exit 1 when the schema is not the head schema or a threshold below is crossed",
     )
-    for option, _key, _what in THRESHOLDS:
+    for option, _key, _what, help_text in THRESHOLDS:
         flag = "--" + option.replace("_", "-")
         check.add_argument(
-            flag, type=duration, metavar="DUR", help=HELP[option] + " (implies --check)"
+            flag, type=duration, metavar="DUR", help=help_text + " (implies --check)"
         )
 
 
