@@ -12,7 +12,9 @@ from harel_store.errors import (
 )
 from harel_store.models import (
     ArmedTimer,
+    DeadLetter,
     DefinitionRecord,
+    DueTimer,
     Event,
     Execution,
     ExecutionPage,
@@ -33,7 +35,9 @@ __all__ = [
     "HEAD",
     "ArmedTimer",
     "AsyncLibsqlStore",
+    "DeadLetter",
     "DefinitionRecord",
+    "DueTimer",
     "Event",
     "Execution",
     "ExecutionPage",

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harel_store import queues
 from harel_store.batch import Plan, adrive, settle
 from harel_store.checks import check_trace_max
 from harel_store.connection import HranaConnection, is_remote, open_libsql
@@ -27,7 +28,9 @@ from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema
 from harel_store.models import (
     ArmedTimer,
+    DeadLetter,
     DefinitionRecord,
+    DueTimer,
     Event,
     Execution,
     ExecutionPage,
@@ -35,6 +38,7 @@ from harel_store.models import (
     OutboxEntry,
     PendingOutbox,
     PendingSpawn,
+    RelayItem,
     SpawnEntry,
     TimerOp,
 )
@@ -140,10 +144,12 @@ class AsyncLibsqlStore:
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[str, str, dict[str, Any]]] = (),
         trace: dict[str, Any] | None = None,
+        *,
+        acks: Iterable[RelayItem] = (),
     ) -> list[int]:
         """Async version of `LibsqlStore.commit`."""
         return await self._run(
-            self._s._commit(exe, emits, processed_event_id, timers, spawns, trace)
+            self._s._commit(exe, emits, processed_event_id, timers, spawns, trace, acks=acks)
         )
 
     async def load(self, execution_id: str) -> Execution | None:
@@ -193,10 +199,17 @@ class AsyncLibsqlStore:
         return await self._run(self._s._pending_outbox(limit))
 
     async def claim_outbox(
-        self, worker: str, *, limit: int = 100, lease: float = 30.0
+        self,
+        worker: str,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
     ) -> list[OutboxEntry]:
         """Async version of `LibsqlStore.claim_outbox`."""
-        return await self._run(self._s._claim_outbox(worker, limit=limit, lease=lease))
+        return await self._run(
+            self._s._claim_outbox(worker, limit=limit, lease=lease, max_attempts=max_attempts)
+        )
 
     async def ack_outbox(self, seq: int) -> None:
         """Async version of `LibsqlStore.ack_outbox`."""
@@ -207,30 +220,69 @@ class AsyncLibsqlStore:
         return await self._run(self._s._pending_spawns(limit))
 
     async def claim_spawns(
-        self, worker: str, *, limit: int = 100, lease: float = 30.0
+        self,
+        worker: str,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
     ) -> list[SpawnEntry]:
         """Async version of `LibsqlStore.claim_spawns`."""
-        return await self._run(self._s._claim_spawns(worker, limit=limit, lease=lease))
+        return await self._run(
+            self._s._claim_spawns(worker, limit=limit, lease=lease, max_attempts=max_attempts)
+        )
 
     async def ack_spawn(self, seq: int) -> None:
         """Async version of `LibsqlStore.ack_spawn`."""
         return await self._run(self._s._ack_spawn(seq))
 
-    async def due_timers(
-        self, now: float, limit: int | None = None
-    ) -> list[tuple[str, str, float]]:
+    async def due_timers(self, now: float, limit: int | None = None) -> list[DueTimer]:
         """Async version of `LibsqlStore.due_timers`."""
         return await self._run(self._s._due_timers(now, limit))
 
     async def claim_due_timers(
-        self, worker: str, now: float, *, limit: int = 100, lease: float = 30.0
-    ) -> list[tuple[str, str, float]]:
+        self,
+        worker: str,
+        now: float,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> list[DueTimer]:
         """Async version of `LibsqlStore.claim_due_timers`."""
-        return await self._run(self._s._claim_due_timers(worker, now, limit=limit, lease=lease))
+        return await self._run(
+            self._s._claim_due_timers(
+                worker, now, limit=limit, lease=lease, max_attempts=max_attempts
+            )
+        )
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         """Async version of `LibsqlStore.delete_timer`."""
         return await self._run(self._s._delete_timer(execution_id, path, fire_at))
+
+    async def ack(self, items: Iterable[RelayItem]) -> int:
+        """Async version of `LibsqlStore.ack`."""
+        return await self._run(self._s._ack(queues.items_of(items, "ack")))
+
+    async def fail(
+        self, worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
+    ) -> int:
+        """Async version of `LibsqlStore.fail`."""
+        return await self._run(self._s._fail(worker, items, error=error, retry_in=retry_in))
+
+    async def extend(
+        self, worker: str, items: Iterable[RelayItem], *, lease: float
+    ) -> list[RelayItem]:
+        """Async version of `LibsqlStore.extend`."""
+        return await self._run(self._s._extend(worker, items, lease=lease))
+
+    async def revive(self, items: Iterable[RelayItem]) -> int:
+        """Async version of `LibsqlStore.revive`."""
+        return await self._run(self._s._revive(items))
+
+    async def dead_letters(self, *, kind: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Async version of `LibsqlStore.dead_letters`."""
+        return await self._run(self._s._dead_letters(kind=kind, limit=limit))
 
     async def append_trace(self, execution_id: str, entry: dict[str, Any]) -> None:
         """Async version of `LibsqlStore.append_trace`."""
@@ -259,6 +311,10 @@ class AsyncLibsqlStore:
     async def stats(self, now: float) -> StoreStats:
         """Async version of `LibsqlStore.stats`."""
         return await self._run(self._s._stats(now))
+
+    async def dead_letter(self, kind: str, key: int | tuple[str, str]) -> DeadLetter | None:
+        """Async version of `LibsqlStore.dead_letter`."""
+        return await self._run(self._s._dead_letter(kind, key))
 
     async def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
         """Async version of `LibsqlStore.timers_of`."""

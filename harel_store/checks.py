@@ -73,6 +73,40 @@ def check_timeout(value: object, name: str) -> float:
     return seconds
 
 
+def check_max_attempts(value: object) -> int | None:
+    """A claim's max_attempts: None (no limit) or an int >= 1."""
+    if value is not None and check_int(value, "max_attempts") < 1:
+        raise ValueError(f"max_attempts must be >= 1 (or None: no limit), not {value}")
+    return value  # type: ignore[return-value]
+
+
+def check_delay(value: object, name: str) -> float:
+    """A wait from now: 0 to a year of seconds."""
+    seconds = check_finite(value, name)
+    if not 0 <= seconds <= MAX_SECONDS:
+        raise ValueError(f"{name} must be 0 to {MAX_SECONDS} seconds, not {value!r:.40}")
+    return seconds
+
+
+MAX_ERROR = 2000  # characters of a worker's error text a row keeps
+
+
+def error_text(value: object) -> str:
+    """A worker's error as a row keeps it: at most MAX_ERROR characters (the cut said), with
+    a NUL or a lone surrogate (which no database text keeps as given) escaped."""
+    if not isinstance(value, str):
+        raise TypeError(f"error must be a string, not {type(value).__name__}")
+    text = value
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not text.isascii() and _SURROGATE.search(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > MAX_ERROR:
+        kept = MAX_ERROR - 40  # room for the note below
+        text = f"{text[:kept]}... ({len(text) - kept} more characters)"
+    return text
+
+
 # json.dumps with options builds a new encoder per call; one shared encoder is ~1 us cheaper.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 

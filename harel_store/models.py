@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -87,10 +89,47 @@ class SpawnEntry(NamedTuple):
     context: dict[str, Any]
 
 
+class DueTimer(NamedTuple):
+    """A timer due to fire, as `due_timers` and `claim_due_timers` hand it out (a tuple)."""
+
+    execution_id: str
+    path: str
+    fire_at: float
+
+    @property
+    def event_id(self) -> str:
+        """A stable id for this firing, to pass as the commit's ``processed_event_id``: the
+        same for the same ``(execution_id, path, fire_at)`` in any process, different for
+        any other (a digest of the three, each exactly: a float by its repr, -0.0 as 0.0),
+        and a valid `Event.id`. A timer fired again after a lost lease is then seen as
+        processed."""
+        key = json.dumps([self.execution_id, self.path, repr(float(self.fire_at) + 0.0)])
+        return "timer-" + hashlib.sha256(key.encode("ascii")).hexdigest()
+
+
+DeadKind = Literal["outbox", "spawn", "timer"]
+DEAD_KINDS: tuple[DeadKind, ...] = ("outbox", "spawn", "timer")
+# What a relay claims and acks (`Store.ack`, `commit(..., acks=)`, `fail`, `extend`, `revive`).
+RelayItem = OutboxEntry | SpawnEntry | DueTimer
+
+
+class DeadLetter(NamedTuple):
+    """A row a claim set aside after ``attempts`` claims (its ``max_attempts``): ``kind`` is
+    ``"outbox"``, ``"spawn"`` or ``"timer"``, ``item`` the `OutboxEntry`, `SpawnEntry` or
+    `DueTimer`, ``last_error`` what the last `fail` said (None: no worker failed it, its
+    handler died). Never claimed again until `revive`d; `ack` discards it."""
+
+    kind: DeadKind
+    item: RelayItem
+    attempts: int
+    last_error: str | None
+
+
 class PendingOutbox(NamedTuple):
     """An undelivered outbox entry as an operator sees it: who emitted it (``source_id``,
-    None before 0005), when (``created_at``, the database's clock; None before 0002) and
-    which relay holds it until when (None: not claimed)."""
+    None before 0005), when (``created_at``, the database's clock; None before 0002), which
+    relay holds it until when (None: not claimed), how often it was claimed and what the last
+    worker that failed to deliver it said (0006)."""
 
     seq: int
     target_id: str | None
@@ -98,6 +137,8 @@ class PendingOutbox(NamedTuple):
     created_at: float | None
     claimed_by: str | None
     claimed_until: float | None
+    attempts: int
+    last_error: str | None
     event: Event
 
 
@@ -111,17 +152,22 @@ class PendingSpawn(NamedTuple):
     created_at: float | None
     claimed_by: str | None
     claimed_until: float | None
+    attempts: int
+    last_error: str | None
     context: dict[str, Any]
 
 
 class ArmedTimer(NamedTuple):
-    """An armed timer as an operator sees it, with the relay that holds it (if any)."""
+    """An armed timer as an operator sees it, with the relay that holds it (if any), its
+    claims and the last worker's error."""
 
     execution_id: str
     path: str
     fire_at: float
     claimed_by: str | None
     claimed_until: float | None
+    attempts: int
+    last_error: str | None
 
 
 class ExecutionSummary(BaseModel):

@@ -13,26 +13,30 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
+from harel_store import queues
 from harel_store.batch import Batch, Conflicted, Plan, drive, statement
 from harel_store.checks import (
     check_definition,
+    check_delay,
     check_event,
     check_execution,
     check_finite,
     check_id,
     check_int,
+    check_max_attempts,
     check_timeout,
     check_trace_max,
     decode_cursor,
     dump_model,
     dumps,
     encode_cursor,
+    error_text,
     loads_dict,
     prefix_upper,
     stored,
@@ -42,9 +46,12 @@ from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema, revision
 from harel_store.errors import StoreConflict, StoreError
 from harel_store.models import (
+    DEAD_KINDS,
     STATUSES,
     ArmedTimer,
+    DeadLetter,
     DefinitionRecord,
+    DueTimer,
     Event,
     Execution,
     ExecutionPage,
@@ -52,6 +59,7 @@ from harel_store.models import (
     OutboxEntry,
     PendingOutbox,
     PendingSpawn,
+    RelayItem,
     SpawnEntry,
     TimerOp,
 )
@@ -89,43 +97,42 @@ def _page(limit: object) -> int:
     return rows
 
 
-def _claim(name: str, worker: str, limit: int, lease: float, *params: Any) -> Batch:
-    """A claim: one write of one UPDATE ... RETURNING (``name`` in queries.sql)."""
+def _claim(
+    names: tuple[str, str],
+    worker: str,
+    limit: int,
+    lease: float,
+    max_attempts: int | None,
+    *due: float,
+) -> Plan[list[Any]]:
+    """A claim's rows: one write of its UPDATE ... RETURNING (``names[1]`` in queries.sql),
+    after, given a ``max_attempts``, the statement that makes dead letters of the rows at it
+    (``names[0]``; logged)."""
     check_id(worker, "worker")
     _page(limit)
+    seconds = check_timeout(lease, "lease")
+    check_max_attempts(max_attempts)
     batch = Batch()
-    batch.add(name, worker, limit, check_timeout(lease, "lease"), *params)
-    return batch
-
-
-CLAIMED = "left claimed and skipped: ack it once dealt with"
-
-
-def _decoded(
-    rows: Iterable[Sequence[Any]], decode: Callable[[Sequence[Any]], E], then: str = CLAIMED
-) -> list[E]:
-    """Rows each decoded on its own: a corrupt one is logged (with what ``then`` happens to
-    it) and skipped, so it does not stop a relay for every worker, or an operator's view. A
-    claimed one is left to its lease (an operator acks or purges it)."""
-    good = []
-    for row in rows:
-        try:
-            good.append(decode(row))
-        except StoreError as exc:
-            log.warning("%s; %s", exc, then)
-    return good
+    mark = None
+    if max_attempts is not None:
+        mark = batch.add(names[0], max_attempts, limit, *due)
+    claim = batch.add(names[1], worker, limit, seconds, *due, max_attempts)
+    results = yield batch
+    if mark is not None:
+        queues.log_dead(names[0].removeprefix("mark_dead_"), results[mark])
+    return results[claim]  # type: ignore[no-any-return]
 
 
 def _pending_outbox(row: Sequence[Any]) -> PendingOutbox:
-    seq, target, source, created, by, until, event = row
+    seq, target, source, created, by, until, attempts, error, event = row
     decoded = stored(f"outbox entry {seq}", Event.model_validate_json, event)
-    return PendingOutbox(seq, target, source, created, by, until, decoded)
+    return PendingOutbox(seq, target, source, created, by, until, attempts, error, decoded)
 
 
 def _pending_spawn(row: Sequence[Any]) -> PendingSpawn:
-    seq, parent, child, root, created, by, until, context = row
+    seq, parent, child, root, created, by, until, attempts, error, context = row
     decoded = stored(f"spawn {seq}", loads_dict, context)
-    return PendingSpawn(seq, parent, child, root, created, by, until, decoded)
+    return PendingSpawn(seq, parent, child, root, created, by, until, attempts, error, decoded)
 
 
 class StoreStats(NamedTuple):
@@ -146,6 +153,9 @@ class StoreStats(NamedTuple):
     oldest_spawn_at: float | None  # when the oldest pending spawn was written
     soonest_timer_at: float | None  # the earliest fire_at of any armed timer
     now: float  # the database's clock as it read these: the ages of the *_at times
+    dead_outbox: int  # dead letters (0006), not counted in pending_outbox
+    dead_spawns: int
+    dead_timers: int  # not counted in timers_due or timers_future
 
 
 def checked(connection: Connection, migrate: bool) -> Connection:
@@ -218,16 +228,24 @@ class Store:
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[str, str, dict[str, Any]]] = (),
         trace: dict[str, Any] | None = None,
+        *,
+        acks: Iterable[RelayItem] = (),
     ) -> list[int]:
         """Persist one event's whole effect in one transaction; return the outbox seqs.
 
         The execution (version CAS), its emitted events, the dedupe marker of the handled
-        event, timer changes, child spawns and a trace step land together or not at all.
-        Raises StoreConflict when the CAS fails, ValueError/TypeError for bad arguments
-        (nothing written), OutcomeUnknown when a remote write got no answer, StoreError for
-        anything the database refuses. On any failure ``exe.version`` is restored.
+        event, timer changes, child spawns and a trace step land together or not at all,
+        and with them the relay items in ``acks`` this commit consumes (`OutboxEntry`,
+        `SpawnEntry`, `DueTimer`, removed as `ack` removes them; one already gone is no
+        error): delivery and ack in one transaction.
+        Raises StoreConflict when the CAS fails (nothing written, nothing acked),
+        ValueError/TypeError for bad arguments (nothing written), OutcomeUnknown when a
+        remote write got no answer, StoreError for anything the database refuses. On any
+        failure ``exe.version`` is restored.
         """
-        return self._run(self._commit(exe, emits, processed_event_id, timers, spawns, trace))
+        return self._run(
+            self._commit(exe, emits, processed_event_id, timers, spawns, trace, acks=acks)
+        )
 
     def _commit(
         self,
@@ -237,6 +255,8 @@ class Store:
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[str, str, dict[str, Any]]] = (),
         trace: dict[str, Any] | None = None,
+        *,
+        acks: Iterable[RelayItem] = (),
     ) -> Plan[list[int]]:
         if not isinstance(exe, Execution):
             raise TypeError(f"exe must be an Execution, not {type(exe).__name__}")
@@ -275,6 +295,7 @@ class Store:
                 )
             )
         trace_json = None if trace is None else dumps(trace, "trace")
+        consumed = queues.items_of(acks, "acks")
         old = exe.version
         try:
             exe.version = old + 1
@@ -302,6 +323,7 @@ class Store:
                     batch.add("cancel_timer", exe.id, op.path)
             if trace_json is not None:
                 self._add_trace(batch, exe.id, trace_json)
+            queues.add_each(batch, consumed, "ack")
             try:
                 results = yield batch
             except Conflicted as conflict:
@@ -355,36 +377,6 @@ class Store:
         check_id(execution_id, "execution_id")
         batch = Batch()
         self._add_trace(batch, execution_id, dumps(entry, "trace entry"))
-        yield batch
-
-    def ack_outbox(self, seq: int) -> None:
-        """Remove a delivered outbox entry (a no-op if it is already gone)."""
-        self._run(self._ack_outbox(seq))
-
-    def _ack_outbox(self, seq: int) -> Plan[None]:
-        yield from self._write("ack_outbox", check_int(seq, "seq"))
-
-    def ack_spawn(self, seq: int) -> None:
-        """Remove a spawn intent once its child exists (a no-op if it is already gone)."""
-        self._run(self._ack_spawn(seq))
-
-    def _ack_spawn(self, seq: int) -> Plan[None]:
-        yield from self._write("ack_spawn", check_int(seq, "seq"))
-
-    def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
-        """Delete a swept timer only if it still fires at ``fire_at`` (a re-arm survives)."""
-        self._run(self._delete_timer(execution_id, path, fire_at))
-
-    def _delete_timer(self, execution_id: str, path: str, fire_at: float) -> Plan[None]:
-        check_id(execution_id, "execution_id")
-        check_id(path, "path")
-        yield from self._write("delete_timer", execution_id, path, check_finite(fire_at, "fire_at"))
-
-    @staticmethod
-    def _write(name: str, *params: Any) -> Plan[None]:
-        """A write of one statement."""
-        batch = Batch()
-        batch.add(name, *params)
         yield batch
 
     def purge(self, execution_id: str, expected_version: int) -> bool:
@@ -593,109 +585,250 @@ class Store:
         rows = yield statement("ids_in_range", prefix, prefix_upper(prefix))
         return [row[0] for row in rows]
 
+    # --- the relays' queues (what harel_store.queues writes and decodes) ---
+
     def pending_outbox(self, limit: int | None = None) -> list[OutboxEntry]:
         """Undelivered emitted events, oldest first: the first ``limit`` (None: all),
-        claimed or not."""
+        claimed or not; dead letters are not pending (see `dead_letters`)."""
         return self._run(self._pending_outbox(limit))
 
-    def _pending_outbox(self, limit: int | None = None) -> Plan[list[OutboxEntry]]:
-        return self._outbox((yield statement("pending_outbox", _limit(limit))))
+    @staticmethod
+    def _pending_outbox(limit: int | None = None) -> Plan[list[OutboxEntry]]:
+        rows = yield statement("pending_outbox", _limit(limit))
+        return [queues.outbox_entry(row) for row in rows]
 
     def claim_outbox(
-        self, worker: str, *, limit: int = 100, lease: float = 30.0
+        self,
+        worker: str,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
     ) -> list[OutboxEntry]:
         """Claim up to ``limit`` undelivered entries for ``worker``, oldest first.
 
         No other worker is handed them until the lease (seconds, on the database's clock)
-        runs out; then they are claimable again, so a worker that dies loses nothing. Ack
-        each one delivered with `ack_outbox`. One atomic statement (one round trip remote).
+        runs out; then they are claimable again, so a worker that dies loses nothing. Each
+        claim of an entry counts one attempt of it. With ``max_attempts``, an entry whose
+        attempts reached it is not handed out: this claim makes it a dead letter (logged on
+        ``harel_store.relay``; see `dead_letters`). Consume what was delivered with `ack` or
+        in the handling commit (``commit(..., acks=...)``); `fail` what was not. One atomic
+        write (one round trip remote).
         """
-        return self._run(self._claim_outbox(worker, limit=limit, lease=lease))
+        return self._run(
+            self._claim_outbox(worker, limit=limit, lease=lease, max_attempts=max_attempts)
+        )
 
+    @staticmethod
     def _claim_outbox(
-        self, worker: str, *, limit: int = 100, lease: float = 30.0
+        worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
     ) -> Plan[list[OutboxEntry]]:
-        (rows,) = yield _claim("claim_outbox", worker, limit, lease)
-        return sorted(_decoded(rows, self._outbox_entry))
+        claimed = yield from _claim(
+            ("mark_dead_outbox", "claim_outbox"), worker, limit, lease, max_attempts
+        )
+        return sorted(queues.decoded(claimed, queues.outbox_entry))
 
     def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
         """Undelivered outbox entries addressed to the execution, oldest first."""
         return self._run(self._outbox_for(execution_id))
 
-    def _outbox_for(self, execution_id: str) -> Plan[list[OutboxEntry]]:
-        check_id(execution_id, "execution_id")
-        return self._outbox((yield statement("outbox_for", execution_id)))
-
-    @classmethod
-    def _outbox(cls, rows: Iterable[Sequence[Any]]) -> list[OutboxEntry]:
-        return [cls._outbox_entry(row) for row in rows]
-
     @staticmethod
-    def _outbox_entry(row: Sequence[Any]) -> OutboxEntry:
-        seq, target, event = row
-        return OutboxEntry(
-            seq, target, stored(f"outbox entry {seq}", Event.model_validate_json, event)
-        )
+    def _outbox_for(execution_id: str) -> Plan[list[OutboxEntry]]:
+        check_id(execution_id, "execution_id")
+        rows = yield statement("outbox_for", execution_id)
+        return [queues.outbox_entry(row) for row in rows]
 
     def pending_spawns(self, limit: int | None = None) -> list[SpawnEntry]:
         """Child executions still to be created, oldest first: the first ``limit`` (None:
-        all), claimed or not."""
+        all), claimed or not; dead letters are not pending."""
         return self._run(self._pending_spawns(limit))
 
-    @classmethod
-    def _pending_spawns(cls, limit: int | None = None) -> Plan[list[SpawnEntry]]:
-        return cls._spawns((yield statement("pending_spawns", _limit(limit))))
+    @staticmethod
+    def _pending_spawns(limit: int | None = None) -> Plan[list[SpawnEntry]]:
+        rows = yield statement("pending_spawns", _limit(limit))
+        return [queues.spawn_entry(row) for row in rows]
 
     def claim_spawns(
-        self, worker: str, *, limit: int = 100, lease: float = 30.0
+        self,
+        worker: str,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
     ) -> list[SpawnEntry]:
         """Claim up to ``limit`` pending spawns for ``worker``, oldest first (as
-        `claim_outbox`); `ack_spawn` each child created."""
-        return self._run(self._claim_spawns(worker, limit=limit, lease=lease))
-
-    @classmethod
-    def _claim_spawns(
-        cls, worker: str, *, limit: int = 100, lease: float = 30.0
-    ) -> Plan[list[SpawnEntry]]:
-        (rows,) = yield _claim("claim_spawns", worker, limit, lease)
-        return sorted(_decoded(rows, cls._spawn_entry))
-
-    @classmethod
-    def _spawns(cls, rows: Iterable[Sequence[Any]]) -> list[SpawnEntry]:
-        return [cls._spawn_entry(row) for row in rows]
+        `claim_outbox`); consume each child created with `ack` or in the child's first
+        commit (``commit(child, [], acks=(spawn,))``)."""
+        return self._run(
+            self._claim_spawns(worker, limit=limit, lease=lease, max_attempts=max_attempts)
+        )
 
     @staticmethod
-    def _spawn_entry(row: Sequence[Any]) -> SpawnEntry:
-        seq, parent, child, root, context = row
-        return SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, context))
+    def _claim_spawns(
+        worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
+    ) -> Plan[list[SpawnEntry]]:
+        claimed = yield from _claim(
+            ("mark_dead_spawns", "claim_spawns"), worker, limit, lease, max_attempts
+        )
+        return sorted(queues.decoded(claimed, queues.spawn_entry))
 
-    def due_timers(self, now: float, limit: int | None = None) -> list[tuple[str, str, float]]:
-        """Timers with ``fire_at <= now`` as (execution_id, path, fire_at), soonest first:
-        the first ``limit`` (None: all), claimed or not."""
+    def due_timers(self, now: float, limit: int | None = None) -> list[DueTimer]:
+        """Live timers with ``fire_at <= now``, soonest first: the first ``limit`` (None:
+        all), claimed or not."""
         return self._run(self._due_timers(now, limit))
 
     @staticmethod
-    def _due_timers(now: float, limit: int | None = None) -> Plan[list[tuple[str, str, float]]]:
+    def _due_timers(now: float, limit: int | None = None) -> Plan[list[DueTimer]]:
         rows = yield statement("due_timers", check_finite(now, "now"), _limit(limit))
-        return [(eid, path, at) for eid, path, at in rows]
+        return [queues.due_timer(row) for row in rows]
 
     def claim_due_timers(
-        self, worker: str, now: float, *, limit: int = 100, lease: float = 30.0
-    ) -> list[tuple[str, str, float]]:
-        """Claim up to ``limit`` timers due at ``now`` for ``worker``, soonest first, as
-        (execution_id, path, fire_at) (leases as `claim_outbox`). `delete_timer` each one
-        fired; re-arming a timer drops its claim."""
-        return self._run(self._claim_due_timers(worker, now, limit=limit, lease=lease))
+        self,
+        worker: str,
+        now: float,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> list[DueTimer]:
+        """Claim up to ``limit`` timers due at ``now`` for ``worker``, soonest first (leases,
+        attempts and dead letters as `claim_outbox`). Fire each one in a commit with
+        ``processed_event_id=timer.event_id`` and ``acks=(timer,)``; re-arming a timer
+        drops its claim."""
+        return self._run(
+            self._claim_due_timers(worker, now, limit=limit, lease=lease, max_attempts=max_attempts)
+        )
 
     @staticmethod
     def _claim_due_timers(
-        worker: str, now: float, *, limit: int = 100, lease: float = 30.0
-    ) -> Plan[list[tuple[str, str, float]]]:
-        now = check_finite(now, "now")
-        (rows,) = yield _claim("claim_due_timers", worker, limit, lease, now)
-        # float(): sqlite3 3.40 returns a whole REAL as an int from RETURNING.
-        timers = [(eid, path, float(at)) for eid, path, at in rows]
-        return sorted(timers, key=lambda t: (t[2], t[0], t[1]))
+        worker: str,
+        now: float,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> Plan[list[DueTimer]]:
+        due = check_finite(now, "now")
+        claimed = yield from _claim(
+            ("mark_dead_timers", "claim_due_timers"), worker, limit, lease, max_attempts, due
+        )
+        timers = queues.decoded(claimed, queues.due_timer)
+        return sorted(timers, key=lambda t: (t.fire_at, t.execution_id, t.path))
+
+    def ack(self, items: Iterable[RelayItem]) -> int:
+        """Consume delivered items, any mix of `OutboxEntry`, `SpawnEntry` and `DueTimer`
+        (live or dead letters, whoever holds them), in one transaction; return how many rows
+        were removed (an item already gone counts 0). A timer goes only while it is still
+        armed at its ``fire_at`` (a re-armed one is spared). TypeError for anything else,
+        nothing written."""
+        return self._run(self._ack(queues.items_of(items, "ack")))
+
+    @staticmethod
+    def _ack(items: queues.Items) -> Plan[int]:
+        batch = Batch()
+        steps = queues.add_each(batch, items, "ack")
+        if not steps:
+            return 0
+        results = yield batch
+        return sum(results[i] for i in steps)
+
+    def ack_outbox(self, seq: int) -> None:
+        """Remove a delivered outbox entry (a no-op if it is already gone): `ack` of one."""
+        self._run(self._ack_outbox(seq))
+
+    @classmethod
+    def _ack_outbox(cls, seq: int) -> Plan[None]:
+        check_int(seq, "seq")
+        yield from cls._ack(queues.Items([], [seq] if seq >= 1 else [], [], []))
+
+    def ack_spawn(self, seq: int) -> None:
+        """Remove a spawn intent once its child exists (a no-op if it is already gone)."""
+        self._run(self._ack_spawn(seq))
+
+    @classmethod
+    def _ack_spawn(cls, seq: int) -> Plan[None]:
+        check_int(seq, "seq")
+        yield from cls._ack(queues.Items([], [], [seq] if seq >= 1 else [], []))
+
+    def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        """Delete a swept timer only if it still fires at ``fire_at`` (a re-arm survives)."""
+        self._run(self._delete_timer(execution_id, path, fire_at))
+
+    @classmethod
+    def _delete_timer(cls, execution_id: str, path: str, fire_at: float) -> Plan[None]:
+        key = (check_id(execution_id, "execution_id"), check_id(path, "path"))
+        timer = (*key, check_finite(fire_at, "fire_at"))
+        yield from cls._ack(queues.Items([], [], [], [timer]))
+
+    def fail(
+        self, worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
+    ) -> int:
+        """``worker`` could not deliver ``items``: each one it still holds under its lease
+        records ``error`` as its last error (bounded and escaped: see `checks.error_text`)
+        and becomes claimable ``retry_in`` seconds from now (the database's clock; held by
+        nobody meanwhile). Rows it does not hold are left alone. Returns how many rows it
+        updated. The attempt was counted by the claim."""
+        return self._run(self._fail(worker, items, error=error, retry_in=retry_in))
+
+    @staticmethod
+    def _fail(
+        worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
+    ) -> Plan[int]:
+        check_id(worker, "worker")
+        checked = queues.items_of(items, "fail")
+        text, delay = error_text(error), check_delay(retry_in, "retry_in")
+        batch = Batch()
+        steps = queues.add_each(batch, checked, "fail", text, delay, worker=worker)
+        if not steps:
+            return 0
+        results = yield batch
+        return sum(results[i] for i in steps)
+
+    def extend(self, worker: str, items: Iterable[RelayItem], *, lease: float) -> list[RelayItem]:
+        """Renew, to ``lease`` seconds from now (the database's clock), the leases of the
+        items ``worker`` still holds; return those items, in the order given (the others
+        it lost: their lease ran out, or they were acked, revived or re-armed)."""
+        return self._run(self._extend(worker, items, lease=lease))
+
+    @staticmethod
+    def _extend(worker: str, items: Iterable[RelayItem], *, lease: float) -> Plan[list[RelayItem]]:
+        check_id(worker, "worker")
+        checked = queues.items_of(items, "extend")
+        seconds = check_timeout(lease, "lease")
+        batch = Batch()
+        steps = queues.add_each(batch, checked, "extend", seconds, worker=worker)
+        if not steps:
+            return []
+        results = yield batch
+        return queues.held_items(checked, steps, results)
+
+    def revive(self, items: Iterable[RelayItem]) -> int:
+        """Give items (dead letters or live rows) a fresh start: attempts 0, no claim,
+        claimable at once. Returns how many rows it updated."""
+        return self._run(self._revive(items))
+
+    @staticmethod
+    def _revive(items: Iterable[RelayItem]) -> Plan[int]:
+        checked = queues.items_of(items, "revive")
+        batch = Batch()
+        steps = queues.add_each(batch, checked, "revive")
+        if not steps:
+            return 0
+        results = yield batch
+        return sum(results[i] for i in steps)
+
+    def dead_letters(self, *, kind: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """The first ``limit`` (1..1000) dead letters, in the order they died (oldest
+        first), of one ``kind`` (``"outbox"``, ``"spawn"``, ``"timer"``) or all. A corrupt
+        one is logged and skipped."""
+        return self._run(self._dead_letters(kind=kind, limit=limit))
+
+    @staticmethod
+    def _dead_letters(*, kind: str | None = None, limit: int = 100) -> Plan[list[DeadLetter]]:
+        if kind is not None and kind not in DEAD_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)} or None, not {kind!r}")
+        rows = yield statement("dead_letters", _page(limit), kind)
+        return queues.decoded(rows, queues.dead_letter, "skipped")
 
     def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
         """The execution's trace ring in order, each step stamped with its ``index``."""
@@ -762,6 +895,28 @@ class Store:
         current = yield from revision()
         return StoreStats(current, by_status, *counts)
 
+    def dead_letter(self, kind: str, key: int | tuple[str, str]) -> DeadLetter | None:
+        """The dead letter of ``kind`` with ``key`` (an outbox entry's or a spawn's seq, a
+        timer's ``(execution_id, path)``), or None: there is none (gone, or live)."""
+        return self._run(self._dead_letter(kind, key))
+
+    @staticmethod
+    def _dead_letter(kind: str, key: int | tuple[str, str]) -> Plan[DeadLetter | None]:
+        if kind == "timer":
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise TypeError(f"a timer's key is (execution_id, path), not {key!r:.80}")
+            found = yield statement(
+                "dead_timer", check_id(key[0], "execution_id"), check_id(key[1], "path")
+            )
+        elif kind in ("outbox", "spawn"):
+            name = "dead_outbox_entry" if kind == "outbox" else "dead_spawn"
+            if check_int(key, "seq") < 1:  # no row has such a seq: below 1 are dead ones negated
+                return None
+            found = yield statement(name, key)
+        else:
+            raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)}, not {kind!r}")
+        return None if found is None else queues.dead_letter(found)
+
     def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
         """The execution's armed timers as (path, fire_at), soonest first."""
         return self._run(self._timers_of(execution_id))
@@ -799,7 +954,7 @@ class Store:
             rows = yield statement("outbox_view", source, limit)
         else:
             rows = yield statement("outbox_view_target", target, source, limit)
-        return _decoded(rows, _pending_outbox, "skipped")
+        return queues.decoded(rows, _pending_outbox, "skipped")
 
     def spawns_view(self, *, parent: str | None = None, limit: int = 50) -> list[PendingSpawn]:
         """Up to ``limit`` (1..1000) pending spawns, oldest first, with their time and claim;
@@ -814,7 +969,7 @@ class Store:
             rows = yield statement("spawns_view", limit)
         else:
             rows = yield statement("spawns_view_parent", parent, limit)
-        return _decoded(rows, _pending_spawn, "skipped")
+        return queues.decoded(rows, _pending_spawn, "skipped")
 
     def timers_view(self, *, due_before: float | None = None, limit: int = 50) -> list[ArmedTimer]:
         """Up to ``limit`` (1..1000) armed timers, soonest first, with their claim; only
@@ -825,7 +980,7 @@ class Store:
     def _timers_view(*, due_before: float | None = None, limit: int = 50) -> Plan[list[ArmedTimer]]:
         end = ABOVE_ALL if due_before is None else check_finite(due_before, "due_before")
         rows = yield statement("timers_view", end, _page(limit))
-        return [ArmedTimer(eid, path, float(at), by, until) for eid, path, at, by, until in rows]
+        return [ArmedTimer(eid, path, float(at), *rest) for eid, path, at, *rest in rows]
 
     def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
         """Purge an execution and all its descendants in one transaction; return their ids.

@@ -127,10 +127,12 @@ VALUES (?, ?, ?, ?, (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: schedule_timer!
 -- Re-arming the same path replaces its fire_at.
--- Re-arming also drops a relay's claim: the timer is due anew, at its new time.
+-- Re-arming also drops a relay's claim, its attempts and a dead letter it was: the timer is
+-- due anew, at its new time.
 INSERT INTO harel_timers (execution_id, path, fire_at) VALUES (?, ?, ?)
 ON CONFLICT (execution_id, path) DO UPDATE
-SET fire_at = excluded.fire_at, claimed_by = NULL, claimed_until = NULL;
+SET fire_at = excluded.fire_at, claimed_by = NULL, claimed_until = NULL, attempts = 0,
+    last_error = NULL, dead_at = NULL;
 
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
@@ -394,64 +396,219 @@ SELECT * FROM (
     ORDER BY updated_at, id LIMIT ?10)
 ORDER BY updated_at, id LIMIT ?10;
 
--- name: pending_outbox
--- The oldest ?1 entries (-1: all), claimed or not.
-SELECT seq, target_id, event FROM harel_outbox ORDER BY seq LIMIT ?1;
+-- The relays' queues (0004, 0006). An outbox entry or a spawn is live while its seq is
+-- positive; a dead letter's seq is stored negated, below every live row (seq < 0 exactly
+-- when dead_at IS NOT NULL). A timer is live while dead_at IS NULL, and the fire_at index
+-- holds live timers only. So every read and claim of the live rows below walks an index from
+-- its first live row and never meets a dead letter, however many there are.
 
--- The claims (0004). Each is one UPDATE ... RETURNING: one statement, one round trip to a
--- remote primary, atomic against every other worker. It hands worker ?1 the oldest ?2 rows
--- not under a live lease and leases them for ?3 seconds, on the database's clock (one
--- 'now' for the whole statement). The subquery walks the primary key (the fire_at index for
--- timers) from the oldest row, stepping over rows other workers hold, so its cost does not
--- grow with the backlog. RETURNING gives rows in no set order: the store sorts them.
+-- name: pending_outbox
+-- The oldest ?1 live entries (-1: all), claimed or not.
+SELECT seq, target_id, event FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT ?1;
+
+-- The claims. Each is one UPDATE ... RETURNING: one statement, atomic against every other
+-- worker. It hands worker ?1 the oldest ?2 live rows that no live lease holds (nor a `fail`
+-- that made them wait: claimed_until is then their retry time, with nobody's name), leases
+-- them for ?3 seconds on the database's clock (one 'now' for the whole statement) and counts
+-- one attempt of each; given a max_attempts (NULL: none) it passes over rows whose attempts
+-- reached it. The subquery walks the primary key (the fire_at index for timers) from the
+-- oldest live row, stepping over rows other workers hold, so its cost does not grow with the
+-- backlog. RETURNING gives rows in no set order: the store sorts them.
+--
+-- With a max_attempts, the claim's batch first runs mark_dead_*: of the oldest ?2 rows a
+-- claim could take, those whose attempts reached ?1 become dead letters, in the same
+-- transaction (RETURNING names them for the log). A row past the limit at max_attempts is
+-- passed over by the claim and made dead by a later one, once the rows before it are taken.
+
+-- name: mark_dead_outbox
+UPDATE harel_outbox
+SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
+    dead_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq, attempts FROM harel_outbox
+        WHERE seq > 0
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+        ORDER BY seq LIMIT ?2)
+    WHERE attempts >= ?1)
+RETURNING -seq, attempts, last_error;
 
 -- name: claim_outbox
 UPDATE harel_outbox
-SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
+    attempts = attempts + 1
 WHERE seq IN (
     SELECT seq FROM harel_outbox
-    WHERE claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0
+    WHERE seq > 0
+      AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+      AND (?4 IS NULL OR attempts < ?4)
     ORDER BY seq LIMIT ?2)
 RETURNING seq, target_id, event;
 
+-- What a worker does with the entries it claimed, by seq (?N: a JSON array of seqs, one
+-- statement for any number; json_each's integers are exact).
+
 -- name: ack_outbox!
-DELETE FROM harel_outbox WHERE seq = ?;
+-- Delivered: gone for good, whoever holds them, live or dead (an ack discards a dead letter).
+DELETE FROM harel_outbox
+WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
+
+-- name: fail_outbox!
+-- Not delivered: of the entries ?2, those worker ?1 still holds under its lease record the
+-- error ?3 and become claimable ?4 seconds from now (nobody holds them meanwhile).
+UPDATE harel_outbox
+SET last_error = ?3, claimed_by = NULL,
+    claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?4
+WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: extend_outbox
+-- Of the entries ?2, those worker ?1 still holds: leased for ?3 seconds from now.
+UPDATE harel_outbox SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
+RETURNING seq;
+
+-- name: revive_outbox!
+-- Live again (a dead letter's seq restored), no attempt counted, claimable at once.
+UPDATE harel_outbox
+SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
+WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
+
+-- The spawns' queue, as the outbox's.
 
 -- name: pending_spawns
-SELECT seq, parent_id, child_id, root_path, context FROM harel_spawns ORDER BY seq LIMIT ?1;
+SELECT seq, parent_id, child_id, root_path, context FROM harel_spawns
+WHERE seq > 0 ORDER BY seq LIMIT ?1;
+
+-- name: mark_dead_spawns
+UPDATE harel_spawns
+SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
+    dead_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq, attempts FROM harel_spawns
+        WHERE seq > 0
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+        ORDER BY seq LIMIT ?2)
+    WHERE attempts >= ?1)
+RETURNING -seq, attempts, last_error;
 
 -- name: claim_spawns
 UPDATE harel_spawns
-SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
+    attempts = attempts + 1
 WHERE seq IN (
     SELECT seq FROM harel_spawns
-    WHERE claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0
+    WHERE seq > 0
+      AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+      AND (?4 IS NULL OR attempts < ?4)
     ORDER BY seq LIMIT ?2)
 RETURNING seq, parent_id, child_id, root_path, context;
 
--- name: ack_spawn!
-DELETE FROM harel_spawns WHERE seq = ?;
+-- name: ack_spawns!
+DELETE FROM harel_spawns
+WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
+
+-- name: fail_spawns!
+UPDATE harel_spawns
+SET last_error = ?3, claimed_by = NULL,
+    claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?4
+WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: extend_spawns
+UPDATE harel_spawns SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
+RETURNING seq;
+
+-- name: revive_spawns!
+UPDATE harel_spawns
+SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
+WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
+
+-- The timers' queue: live timers due at the caller's clock (?N: now), soonest first. Ties in
+-- fire_at in primary-key order, which the fire_at index holds: a limit cuts them the same
+-- way every time, with no sort. A timer is acked (delete_timer), failed, extended or revived
+-- one statement each, by its key and fire_at: only as it was claimed, so a re-armed timer
+-- (a new fire_at, claim dropped) is spared. Floats are bound, never read from JSON text.
 
 -- name: due_timers
--- Ties in fire_at in primary-key order, which the fire_at index holds: a limit cuts them
--- the same way every time, with no sort.
-SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ?1
+SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL
 ORDER BY fire_at, execution_id, path LIMIT ?2;
 
--- name: claim_due_timers
--- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's.
+-- name: mark_dead_timers
+-- As mark_dead_outbox, for timers due at ?3.
 UPDATE harel_timers
-SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
+SET claimed_by = NULL, claimed_until = NULL, dead_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM (
+        SELECT execution_id, path, attempts FROM harel_timers
+        WHERE fire_at <= ?3 AND dead_at IS NULL
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+        ORDER BY fire_at, execution_id, path LIMIT ?2)
+    WHERE attempts >= ?1)
+RETURNING execution_id, path, fire_at, attempts, last_error;
+
+-- name: claim_due_timers
+-- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's;
+-- ?5 max_attempts.
+UPDATE harel_timers
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
+    attempts = attempts + 1
 WHERE (execution_id, path) IN (
     SELECT execution_id, path FROM harel_timers
-    WHERE fire_at <= ?4
+    WHERE fire_at <= ?4 AND dead_at IS NULL
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+      AND (?5 IS NULL OR attempts < ?5)
     ORDER BY fire_at, execution_id, path LIMIT ?2)
 RETURNING execution_id, path, fire_at;
 
 -- name: delete_timer!
--- Only the timer as it was swept: a concurrent re-schedule to a new time survives.
+-- Only the timer as it was swept (live or dead): a concurrent re-schedule to a new time
+-- survives.
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ? AND fire_at = ?;
+
+-- name: fail_timer!
+-- As fail_outbox, for the timer (?2, ?3) at fire_at ?4: error ?5, claimable ?6 s from now.
+UPDATE harel_timers
+SET last_error = ?5, claimed_by = NULL,
+    claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?6
+WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: extend_timer!
+UPDATE harel_timers SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?5
+WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: revive_timer!
+UPDATE harel_timers SET attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
+WHERE execution_id = ? AND path = ? AND fire_at = ?;
+
+-- name: dead_letters
+-- The first ?1 dead letters in the order they died (ties: outbox, spawn, timer, then by
+-- key), of the kind ?2 (NULL: every kind): each kind's dead index read from its start, the
+-- three merged. One shape for the three: kind, dead_at, attempts, last_error, then
+--   outbox: seq, target_id, event
+--   spawn:  seq, parent_id, child_id, root_path, context
+--   timer:  NULL, execution_id, path, fire_at
+SELECT * FROM (
+    SELECT 'outbox', dead_at, attempts, last_error, -seq, target_id, event, NULL, NULL
+    FROM harel_outbox WHERE dead_at IS NOT NULL AND (?2 IS NULL OR ?2 = 'outbox')
+    ORDER BY dead_at, seq DESC LIMIT ?1)
+UNION ALL
+SELECT * FROM (
+    SELECT 'spawn', dead_at, attempts, last_error, -seq, parent_id, child_id, root_path, context
+    FROM harel_spawns WHERE dead_at IS NOT NULL AND (?2 IS NULL OR ?2 = 'spawn')
+    ORDER BY dead_at, seq DESC LIMIT ?1)
+UNION ALL
+SELECT * FROM (
+    SELECT 'timer', dead_at, attempts, last_error, NULL, execution_id, path, fire_at, NULL
+    FROM harel_timers WHERE dead_at IS NOT NULL AND (?2 IS NULL OR ?2 = 'timer')
+    ORDER BY dead_at, execution_id, path LIMIT ?1)
+ORDER BY 2, 1, 5, 6, 7 LIMIT ?1;
 
 -- name: purge_execution!
 -- The purge CAS.
@@ -534,59 +691,89 @@ SELECT type, name, sql FROM sqlite_master WHERE type IN ('view', 'trigger') ORDE
 SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 ORDER BY 1;
 
 -- name: pending_counts^
--- Pending outbox entries and spawns, timers due at ?1 and later than it, when the oldest
--- pending outbox entry was written (unknown before outbox rows carried created_at), how
--- many outbox entries, spawns and timers are under a live lease (the database's clock),
--- when the oldest pending spawn was written (unknown before 0005), the soonest fire_at of
--- any timer, and the database's clock now. Each is a count or one seek at an end of a key.
-SELECT (SELECT COUNT(*) FROM harel_outbox),
-       (SELECT COUNT(*) FROM harel_spawns),
-       (SELECT COUNT(*) FROM harel_timers WHERE fire_at <= ?1),
-       (SELECT COUNT(*) FROM harel_timers WHERE fire_at > ?1),
-       (SELECT created_at FROM harel_outbox ORDER BY seq LIMIT 1),
-       (SELECT COUNT(*) FROM harel_outbox
-        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
-       (SELECT COUNT(*) FROM harel_spawns
-        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
-       (SELECT COUNT(*) FROM harel_timers
-        WHERE claimed_until > (julianday('now') - 2440587.5) * 86400.0),
-       (SELECT created_at FROM harel_spawns ORDER BY seq LIMIT 1),
-       (SELECT MIN(fire_at) FROM harel_timers),
-       (julianday('now') - 2440587.5) * 86400.0;
+-- Pending (live) outbox entries and spawns, live timers due at ?1 and later than it, when the
+-- oldest pending outbox entry was written (unknown before outbox rows carried created_at),
+-- how many outbox entries, spawns and timers a worker holds under a live lease (the
+-- database's clock; a failed row waiting for its retry has no holder), when the oldest
+-- pending spawn was written (unknown before 0005), the soonest fire_at of any live timer,
+-- the database's clock now, and the dead letters of each kind (0006). Each is a count or
+-- one seek at an end of a key.
+SELECT (SELECT COUNT(*) FROM harel_outbox WHERE seq > 0),
+       (SELECT COUNT(*) FROM harel_spawns WHERE seq > 0),
+       (SELECT COUNT(*) FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL),
+       (SELECT COUNT(*) FROM harel_timers WHERE fire_at > ?1 AND dead_at IS NULL),
+       (SELECT created_at FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT 1),
+       (SELECT COUNT(*) FROM harel_outbox WHERE claimed_by IS NOT NULL
+        AND claimed_until > (julianday('now') - 2440587.5) * 86400.0),
+       (SELECT COUNT(*) FROM harel_spawns WHERE claimed_by IS NOT NULL
+        AND claimed_until > (julianday('now') - 2440587.5) * 86400.0),
+       (SELECT COUNT(*) FROM harel_timers WHERE claimed_by IS NOT NULL
+        AND claimed_until > (julianday('now') - 2440587.5) * 86400.0),
+       (SELECT created_at FROM harel_spawns WHERE seq > 0 ORDER BY seq LIMIT 1),
+       (SELECT MIN(fire_at) FROM harel_timers WHERE dead_at IS NULL),
+       (julianday('now') - 2440587.5) * 86400.0,
+       (SELECT COUNT(*) FROM harel_outbox WHERE seq < 0),
+       (SELECT COUNT(*) FROM harel_spawns WHERE seq < 0),
+       (SELECT COUNT(*) FROM harel_timers WHERE dead_at IS NOT NULL);
+
+-- One dead letter by its key, in the shape of dead_letters (operator commands: revive and
+-- discard by key): an outbox entry's or a spawn's seq ?1 (stored negated), a timer's
+-- execution_id ?1 and path ?2.
+
+-- name: dead_outbox_entry^
+SELECT 'outbox', dead_at, attempts, last_error, -seq, target_id, event, NULL, NULL
+FROM harel_outbox WHERE seq = -?1;
+
+-- name: dead_spawn^
+SELECT 'spawn', dead_at, attempts, last_error, -seq, parent_id, child_id, root_path, context
+FROM harel_spawns WHERE seq = -?1;
+
+-- name: dead_timer^
+SELECT 'timer', dead_at, attempts, last_error, NULL, execution_id, path, fire_at, NULL
+FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
 
 -- name: timers_of
-SELECT path, fire_at FROM harel_timers WHERE execution_id = ? ORDER BY fire_at, path;
+-- The execution's live timers (its dead ones are dead letters).
+SELECT path, fire_at FROM harel_timers WHERE execution_id = ? AND dead_at IS NULL
+ORDER BY fire_at, path;
 
 -- name: outbox_for
-SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? ORDER BY seq;
+SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? AND seq > 0 ORDER BY seq;
 
--- The operator views of the queues: pending rows with their times and claims, oldest
--- (soonest) first, up to a limit. A filter on the column an index starts with seeks it (the
--- index holds the rowid, so its entries for one key are in seq order); the source filter is
--- checked on each row read, as the outbox holds only undelivered entries.
+-- The operator views of the queues: pending (live) rows with their times, claims, attempts
+-- and last errors, oldest (soonest) first, up to a limit. A filter on the column an index
+-- starts with seeks it (the index holds the rowid, so its entries for one key are in seq
+-- order); the source filter is checked on each row read, as the outbox holds only
+-- undelivered entries.
 
 -- name: outbox_view
 -- ?1: a source_id (NULL: any), ?2 rows.
-SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, event
-FROM harel_outbox WHERE (?1 IS NULL OR source_id = ?1) ORDER BY seq LIMIT ?2;
+SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, attempts, last_error,
+       event
+FROM harel_outbox WHERE seq > 0 AND (?1 IS NULL OR source_id = ?1) ORDER BY seq LIMIT ?2;
 
 -- name: outbox_view_target
 -- ?1: the target_id, ?2: a source_id (NULL: any), ?3 rows.
-SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, event
-FROM harel_outbox WHERE target_id = ?1 AND (?2 IS NULL OR source_id = ?2) ORDER BY seq LIMIT ?3;
+SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, attempts, last_error,
+       event
+FROM harel_outbox WHERE target_id = ?1 AND seq > 0 AND (?2 IS NULL OR source_id = ?2)
+ORDER BY seq LIMIT ?3;
 
 -- name: spawns_view
-SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, context
-FROM harel_spawns ORDER BY seq LIMIT ?;
+SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, attempts,
+       last_error, context
+FROM harel_spawns WHERE seq > 0 ORDER BY seq LIMIT ?;
 
 -- name: spawns_view_parent
-SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, context
-FROM harel_spawns WHERE parent_id = ? ORDER BY seq LIMIT ?;
+SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, attempts,
+       last_error, context
+FROM harel_spawns WHERE parent_id = ? AND seq > 0 ORDER BY seq LIMIT ?;
 
 -- name: timers_view
--- Armed timers with fire_at < ?1, soonest first (ties as due_timers), ?2 rows.
-SELECT execution_id, path, fire_at, claimed_by, claimed_until FROM harel_timers
-WHERE fire_at < ?1 ORDER BY fire_at, execution_id, path LIMIT ?2;
+-- Live timers with fire_at < ?1, soonest first (ties as due_timers), ?2 rows.
+SELECT execution_id, path, fire_at, claimed_by, claimed_until, attempts, last_error
+FROM harel_timers WHERE fire_at < ?1 AND dead_at IS NULL
+ORDER BY fire_at, execution_id, path LIMIT ?2;
 
 -- name: children_of
 -- Operator queries read a NULL summary (see count_by_status) as status 'unknown'.

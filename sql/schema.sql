@@ -37,10 +37,19 @@ CREATE TABLE harel_outbox (
     -- database's clock; NULL: never claimed. Likewise in harel_spawns and harel_timers.
     claimed_by TEXT,
     claimed_until REAL,
-    source_id TEXT -- the execution whose commit emitted it (0005); NULL before 0005
+    source_id TEXT, -- the execution whose commit emitted it (0005); NULL before 0005
+    -- A relay's attempts (0006): claims counted, the last worker's error (`fail`), and when
+    -- a claim made it a dead letter (epoch seconds, the database's clock; NULL: live). A dead
+    -- entry's seq is stored negated (seq < 0 exactly when dead_at IS NOT NULL): below every
+    -- live entry, out of the claims' walk. Likewise in harel_spawns; a dead timer keeps its key.
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    dead_at REAL
 );
 
 CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
+-- Dead letters in the order they died (a live row has no entry: no commit writes one).
+CREATE INDEX harel_outbox_dead ON harel_outbox (dead_at, seq DESC) WHERE dead_at IS NOT NULL;
 
 CREATE TABLE harel_processed_events (
     execution_id TEXT NOT NULL,
@@ -54,10 +63,18 @@ CREATE TABLE harel_timers (
     fire_at REAL NOT NULL,
     claimed_by TEXT,
     claimed_until REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    dead_at REAL,
     PRIMARY KEY (execution_id, path)
 ) WITHOUT ROWID;
 
-CREATE INDEX harel_timers_fire_at ON harel_timers (fire_at);
+-- The sweep and the claims walk live timers only, soonest first.
+-- Its key ends with dead_at (NULL in every entry: a live timer's), so the index covers the
+-- queries' `dead_at IS NULL` and the sweep and the counts never read the table.
+CREATE INDEX harel_timers_fire_at ON harel_timers (fire_at, execution_id, path, dead_at)
+WHERE dead_at IS NULL;
+CREATE INDEX harel_timers_dead ON harel_timers (dead_at) WHERE dead_at IS NOT NULL;
 
 CREATE TABLE harel_spawns (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -67,10 +84,14 @@ CREATE TABLE harel_spawns (
     context TEXT NOT NULL,
     claimed_by TEXT,
     claimed_until REAL,
-    created_at REAL -- epoch seconds (the database's clock) at insert (0005); NULL before
+    created_at REAL, -- epoch seconds (the database's clock) at insert (0005); NULL before
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    dead_at REAL
 );
 
 CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);
+CREATE INDEX harel_spawns_dead ON harel_spawns (dead_at, seq DESC) WHERE dead_at IS NOT NULL;
 
 CREATE TABLE harel_trace (
     execution_id TEXT NOT NULL,

@@ -27,20 +27,26 @@ HOT = {
     "load_for_event", "is_processed", "insert_outbox", "mark_processed", "insert_spawn",
     "schedule_timer", "cancel_timer", "append_trace", "trim_trace", "read_trace",
     "list_executions", "list_by_status", "list_by_definition", "list_roots",
-    "list_roots_by_definition", "pending_outbox", "ack_outbox", "pending_spawns", "ack_spawn",
+    "list_roots_by_definition", "pending_outbox", "ack_outbox", "pending_spawns",
     "due_timers", "delete_timer", "purge_execution", "purge_processed", "purge_trace",
     "purge_timers", "purge_outbox", "purge_spawns", "ids_in_range", "publish_definition",
     "load_definition", "claim_outbox", "claim_spawns", "claim_due_timers", "list_newest",
-    "list_oldest",
+    "list_oldest", "mark_dead_outbox", "mark_dead_spawns", "mark_dead_timers", "ack_spawns",
+    "fail_outbox", "fail_spawns", "fail_timer", "extend_outbox", "extend_spawns",
+    "extend_timer", "revive_outbox", "revive_spawns", "revive_timer", "dead_letters",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
-# so reading it in rowid order up to the LIMIT costs what it returns, with no sort. A claim
-# walks it the same way, stepping over the few rows under a live lease.
+# and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it
+# in rowid order up to the LIMIT costs what it returns, with no sort, however many dead
+# letters there are. A claim walks it the same way, stepping over the few rows under a live
+# lease.
 WHOLE_QUEUE = {
     "pending_outbox": "harel_outbox",
     "pending_spawns": "harel_spawns",
     "claim_outbox": "harel_outbox",
     "claim_spawns": "harel_spawns",
+    "mark_dead_outbox": "harel_outbox",
+    "mark_dead_spawns": "harel_spawns",
 }
 LISTINGS = {
     "list_executions": "sqlite_autoindex_harel_executions_1",
@@ -74,11 +80,11 @@ def test_no_hot_query_scans_a_table(conn: Any, name: str) -> None:
     plan = _plan(conn, name)
     scans = [step for step in plan if step.startswith("SCAN harel_")]
     assert not [s for s in plan if "AUTOMATIC" in s], plan
+    assert scans == [], plan
     if name in WHOLE_QUEUE:
-        assert scans == [f"SCAN {WHOLE_QUEUE[name]}"], plan
+        live = f"SEARCH {WHOLE_QUEUE[name]} USING INTEGER PRIMARY KEY (rowid>?)"
+        assert live in plan, plan
         assert not [s for s in plan if "TEMP B-TREE" in s], plan
-    else:
-        assert scans == [], plan
 
 
 @pytest.mark.parametrize("name", sorted(LISTINGS))
@@ -91,13 +97,34 @@ def test_every_listing_seeks_its_own_index(conn: Any, name: str) -> None:
 
 
 def test_the_timer_sweep_seeks_by_fire_at(conn: Any) -> None:
+    # The fire_at index holds live timers only: no dead letter is ever stepped over.
     assert _plan(conn, "due_timers") == [
         "SEARCH harel_timers USING COVERING INDEX harel_timers_fire_at (fire_at<?)"
     ]
-    # The claim reads each due timer's lease from the table, by primary key.
-    plan = _plan(conn, "claim_due_timers")
-    assert "SEARCH harel_timers USING INDEX harel_timers_fire_at (fire_at<?)" in plan
-    assert not [s for s in plan if "TEMP B-TREE" in s or s.startswith("SCAN")], plan
+    # The claim (and the dead-letter pass before it) reads each due timer's lease from the
+    # table, by primary key.
+    for name in ("claim_due_timers", "mark_dead_timers"):
+        plan = _plan(conn, name)
+        assert "SEARCH harel_timers USING INDEX harel_timers_fire_at (fire_at<?)" in plan
+        assert not [s for s in plan if "TEMP B-TREE" in s or s.startswith("SCAN harel")], plan
+
+
+def test_acks_and_their_kin_find_each_row_by_primary_key(conn: Any) -> None:
+    for name in ("ack_outbox", "fail_outbox", "extend_outbox", "revive_outbox", "ack_spawns"):
+        plan = _plan(conn, name)
+        assert plan[0].endswith("USING INTEGER PRIMARY KEY (rowid=?)"), plan
+        assert [s for s in plan if "json_each" in s], plan
+    for name in ("delete_timer", "fail_timer", "extend_timer", "revive_timer"):
+        plan = _plan(conn, name)
+        assert plan == ["SEARCH harel_timers USING PRIMARY KEY (execution_id=? AND path=?)"]
+
+
+def test_dead_letters_read_each_kinds_dead_index_from_its_start(conn: Any) -> None:
+    searches = [s for s in _plan(conn, "dead_letters") if s.startswith(("SEARCH", "SCAN harel"))]
+    assert searches == [
+        f"SEARCH harel_{table} USING INDEX harel_{table}_dead (dead_at>?)"
+        for table in ("outbox", "spawns", "timers")
+    ]
 
 
 CLAIMS = {
@@ -220,10 +247,15 @@ def test_time_listings_seek_a_closed_range_of_the_update_index(conn: Any, name: 
 
 
 OPERATOR_VIEWS = {
-    "outbox_view": ["SCAN harel_outbox"],  # the queue in seq order, up to the LIMIT
-    "outbox_view_target": ["SEARCH harel_outbox USING INDEX harel_outbox_target (target_id=?)"],
-    "spawns_view": ["SCAN harel_spawns"],
-    "spawns_view_parent": ["SEARCH harel_spawns USING INDEX harel_spawns_parent (parent_id=?)"],
+    # the live queue in seq order, up to the LIMIT
+    "outbox_view": ["SEARCH harel_outbox USING INTEGER PRIMARY KEY (rowid>?)"],
+    "outbox_view_target": [
+        "SEARCH harel_outbox USING INDEX harel_outbox_target (target_id=? AND rowid>?)"
+    ],
+    "spawns_view": ["SEARCH harel_spawns USING INTEGER PRIMARY KEY (rowid>?)"],
+    "spawns_view_parent": [
+        "SEARCH harel_spawns USING INDEX harel_spawns_parent (parent_id=? AND rowid>?)"
+    ],
     "timers_view": ["SEARCH harel_timers USING INDEX harel_timers_fire_at (fire_at<?)"],
 }
 

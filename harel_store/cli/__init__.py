@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from harel_store import __version__
-from harel_store.cli import demo, executions, relays, schema, status
+from harel_store.cli import dead, demo, executions, relays, schema, status
 from harel_store.cli.common import Command
 from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
@@ -26,6 +26,7 @@ COMMANDS: list[Command] = [
     *status.COMMANDS,
     *executions.COMMANDS[:3],  # ls, show, trace
     *relays.COMMANDS,
+    *dead.COMMANDS,
     *executions.COMMANDS[3:],  # purge
     *schema.COMMANDS[1:],
     *demo.COMMANDS,

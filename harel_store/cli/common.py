@@ -83,15 +83,24 @@ def load(store: Store, args: argparse.Namespace) -> Execution:
     return exe
 
 
-def limit(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
     return value
+
+
+def limit(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    return _whole(text, 1)
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    return _whole(text, 0)
 
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

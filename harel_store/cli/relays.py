@@ -9,13 +9,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from harel_store.cli import dead
 from harel_store.cli.common import Command, add_json, limit, open_store
-from harel_store.cli.output import PROG, age, colour_on, plain, table, to_json, when
+from harel_store.cli.output import PROG, Failure, age, colour_on, plain, table, to_json, when
 from harel_store.models import ArmedTimer, PendingOutbox, PendingSpawn
 
-OUTBOX_COLUMNS = ("SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED BY")
-SPAWN_COLUMNS = ("SEQ", "AGE", "PARENT", "CHILD", "ROOT PATH", "CLAIMED BY")
-TIMER_COLUMNS = ("EXECUTION", "PATH", "FIRE AT", "DUE", "CLAIMED BY")
+TRIES = ("TRIES", "LAST ERROR")  # attempts (claims) so far, and the last worker's error
+OUTBOX_COLUMNS = ("SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED BY", *TRIES)
+SPAWN_COLUMNS = ("SEQ", "AGE", "PARENT", "CHILD", "ROOT PATH", "CLAIMED BY", *TRIES)
+TIMER_COLUMNS = ("EXECUTION", "PATH", "FIRE AT", "DUE", "CLAIMED BY", *TRIES)
 
 
 def _age_of(at: float | None, now: float) -> str:
@@ -23,10 +25,17 @@ def _age_of(at: float | None, now: float) -> str:
 
 
 def _holder(claimed_by: str | None, claimed_until: float | None, now: float) -> str:
-    """The worker holding a row under a live lease (an expired lease holds nothing)."""
-    if claimed_by is None or claimed_until is None or claimed_until <= now:
+    """The worker holding a row under a live lease (an expired lease holds nothing), or when
+    a row a worker failed may be claimed again."""
+    if claimed_until is None or claimed_until <= now:
         return ""
+    if claimed_by is None:
+        return f"(retry in {age(claimed_until - now)})"
     return f"{plain(claimed_by)} ({age(claimed_until - now)} left)"
+
+
+def _tries(attempts: int, last_error: str | None) -> list[str]:
+    return [str(attempts) if attempts else "", dead.shown_error(last_error)]
 
 
 def outbox_rows(entries: Sequence[PendingOutbox], now: float) -> list[list[str]]:
@@ -38,6 +47,7 @@ def outbox_rows(entries: Sequence[PendingOutbox], now: float) -> list[list[str]]
             plain(e.target_id or "(publish)"),
             plain(e.event.name),
             _holder(e.claimed_by, e.claimed_until, now),
+            *_tries(e.attempts, e.last_error),
         ]
         for e in entries
     ]
@@ -52,6 +62,7 @@ def spawn_rows(entries: Sequence[PendingSpawn], now: float) -> list[list[str]]:
             plain(e.child_id),
             plain(e.root_path),
             _holder(e.claimed_by, e.claimed_until, now),
+            *_tries(e.attempts, e.last_error),
         ]
         for e in entries
     ]
@@ -72,6 +83,7 @@ def timer_rows(timers: Sequence[ArmedTimer], now: float) -> list[list[str]]:
             when(t.fire_at),
             due(t.fire_at, now),
             _holder(t.claimed_by, t.claimed_until, now),
+            *_tries(t.attempts, t.last_error),
         ]
         for t in timers
     ]
@@ -109,7 +121,19 @@ def _print(
     return 0
 
 
+def _dead(args: argparse.Namespace, kind: str, *filters: str) -> int | None:
+    """``--dead``: the dead letters of ``kind`` instead of the live rows (None: not asked)."""
+    if not args.dead:
+        return None
+    given = [f for f in filters if getattr(args, f.removeprefix("--"))]
+    if given:
+        raise Failure(f"--dead lists every dead letter of the kind: drop {', '.join(given)}")
+    return dead.listing(args, kind)
+
+
 def outbox(args: argparse.Namespace) -> int:
+    if (listed := _dead(args, "outbox", "--target", "--source")) is not None:
+        return listed
     with open_store(args) as store:
         entries = store.outbox_view(target=args.target, source=args.source, limit=args.limit)
     now = time.time()
@@ -118,6 +142,8 @@ def outbox(args: argparse.Namespace) -> int:
 
 
 def spawns(args: argparse.Namespace) -> int:
+    if (listed := _dead(args, "spawn", "--parent")) is not None:
+        return listed
     with open_store(args) as store:
         entries = store.spawns_view(parent=args.parent, limit=args.limit)
     now = time.time()
@@ -127,6 +153,8 @@ def spawns(args: argparse.Namespace) -> int:
 
 
 def timers(args: argparse.Namespace) -> int:
+    if (listed := _dead(args, "timer", "--due")) is not None:
+        return listed
     now = time.time()
     with open_store(args) as store:
         armed = store.timers_view(due_before=now if args.due else None, limit=args.limit)
@@ -135,6 +163,9 @@ def timers(args: argparse.Namespace) -> int:
 
 
 def _limit_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dead", action="store_true", help="the dead letters instead (see `dead`, `revive`)"
+    )
     parser.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N rows (50)")
     add_json(parser)
 
@@ -160,12 +191,15 @@ COMMANDS = [
         "outbox",
         "pending outbox entries, oldest first, and the worker holding each",
         f"""TARGET (publish) is an entry with no target execution. AGE is measured on this
-machine's clock from the time the database's clock wrote.
+machine's clock from the time the database's clock wrote. TRIES counts the claims of an
+entry, LAST ERROR is what the last worker that failed it said; a failed entry waits for its
+retry (CLAIMED BY says when). --dead lists the dead letters instead.
 
 examples:
   {PROG} outbox
   {PROG} outbox --target order-1a2b3c4d
-  {PROG} outbox --source order-1a2b3c4d --json | jq .event.name""",
+  {PROG} outbox --source order-1a2b3c4d --json | jq .event.name
+  {PROG} outbox --dead""",
         outbox,
         configure_outbox,
     ),
@@ -174,7 +208,8 @@ examples:
         "armed timers, soonest first",
         f"""examples:
   {PROG} timers
-  {PROG} timers --due --limit 500""",
+  {PROG} timers --due --limit 500
+  {PROG} timers --dead""",
         timers,
         configure_timers,
     ),
@@ -183,7 +218,8 @@ examples:
         "pending child spawns, oldest first",
         f"""examples:
   {PROG} spawns
-  {PROG} spawns --parent order-1a2b3c4d --json""",
+  {PROG} spawns --parent order-1a2b3c4d --json
+  {PROG} spawns --dead""",
         spawns,
         configure_spawns,
     ),

@@ -8,7 +8,15 @@ import sys
 import time
 from typing import Any
 
-from harel_store.cli.common import Command, add_json, database, duration, open_store, require_local
+from harel_store.cli.common import (
+    Command,
+    add_json,
+    count,
+    database,
+    duration,
+    open_store,
+    require_local,
+)
 from harel_store.cli.output import COLOURS, PROG, age, colour_on, paint, plain, to_json
 from harel_store.cli.schema import drift
 from harel_store.connection import show
@@ -64,8 +72,22 @@ THRESHOLDS = (
 )
 
 
-def _crossed(args: argparse.Namespace, ages: dict[str, float | None]) -> list[str]:
+def _dead(stats: StoreStats) -> dict[str, int]:
+    return {"outbox": stats.dead_outbox, "spawn": stats.dead_spawns, "timer": stats.dead_timers}
+
+
+def _dead_text(dead: dict[str, int]) -> str:
+    kinds = ", ".join(f"{kind} {n}" for kind, n in dead.items() if n)
+    return f"{sum(dead.values())} dead letters" + (f" ({kinds})" if kinds else "")
+
+
+def _crossed(
+    args: argparse.Namespace, ages: dict[str, float | None], stats: StoreStats
+) -> list[str]:
     failures = []
+    dead = _dead(stats)
+    if args.max_dead is not None and sum(dead.values()) > args.max_dead:
+        failures.append(f"--max-dead {args.max_dead}: {_dead_text(dead)}")
     for option, key, what, _help in THRESHOLDS:
         limit: float | None = getattr(args, option)
         seen = ages[key]
@@ -88,7 +110,11 @@ def _schema_problems(where: str, sync_url: str | None) -> list[str]:
 
 def status(args: argparse.Namespace) -> int:
     where = database(args)
-    args.check = args.check or any(getattr(args, t[0]) is not None for t in THRESHOLDS)
+    args.check = (
+        args.check
+        or args.max_dead is not None
+        or any(getattr(args, t[0]) is not None for t in THRESHOLDS)
+    )
     failures = _schema_problems(where, args.sync_url) if args.check else []
     if failures:  # the counts below need the head schema
         for line in failures:
@@ -100,7 +126,7 @@ def status(args: argparse.Namespace) -> int:
     counts = {status: stats.executions.get(status, 0) for status in STATUSES}
     counts.update(stats.executions)
     ages = _ages(stats, now)
-    failures = _crossed(args, ages) if args.check else []
+    failures = _crossed(args, ages, stats) if args.check else []
     if args.json:
         doc: dict[str, Any] = {
             "database": show(where),
@@ -117,6 +143,7 @@ def status(args: argparse.Namespace) -> int:
             "claimed_outbox": stats.claimed_outbox,
             "claimed_spawns": stats.claimed_spawns,
             "claimed_timers": stats.claimed_timers,
+            "dead_letters": _dead(stats),
         }
         if args.check:
             doc["check"] = {"ok": not failures, "failures": failures}
@@ -156,6 +183,7 @@ def _print_status(
             f"{stats.timers_due} due{lag}, {stats.timers_future} future"
             f"{_held(stats.claimed_timers)}",
         ),
+        ("dead", _dead_text(_dead(stats))),
     ]
     for label, value in rows:
         print(f"{label:<11} {value}")
@@ -174,6 +202,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         check.add_argument(
             flag, type=duration, metavar="DUR", help=help_text + " (implies --check)"
         )
+    check.add_argument(
+        "--max-dead",
+        type=count,
+        metavar="N",
+        help="fail when more than N dead letters (of any kind) wait (0: any; implies --check)",
+    )
 
 
 COMMANDS = [
@@ -188,7 +222,8 @@ timer's lag on this machine's, like the engine that armed it.
 examples:
   {PROG} status
   {PROG} status --json | jq .executions
-  {PROG} status --check --max-outbox-age 60s --max-timer-lag 30s --max-spawn-age 60s""",
+  {PROG} status --check --max-outbox-age 60s --max-timer-lag 30s --max-spawn-age 60s
+  {PROG} status --max-dead 0""",
         status,
         configure,
     )
