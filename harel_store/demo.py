@@ -72,7 +72,9 @@ def run(store: Store, out: TextIO) -> str:
     )
     say(f"{order.id}: place -> placed (v{order.version}), forked 2 children, timer armed")
 
-    for spawn in store.pending_spawns():  # the spawn relay: create each child, then ack
+    # The spawn relay: each child is created and its spawn consumed in one commit (the
+    # child's insert CAS: a spawn delivered twice conflicts and creates nothing twice).
+    for spawn in store.claim_spawns("demo-relay"):
         child = Execution(
             id=spawn.child_id,
             definition_id="order",
@@ -80,9 +82,7 @@ def run(store: Store, out: TextIO) -> str:
             active_path=spawn.root_path,
             context=spawn.context,
         )
-        if store.load(child.id) is None:
-            store.save(child)
-        store.ack_spawn(spawn.seq)
+        store.commit(child, [], acks=(spawn,))
         say(f"spawn relay: created {child.id}")
 
     for child_id, done in ((f"{order.id}.payment", "paid"), (f"{order.id}.shipping", "shipped")):
@@ -97,43 +97,51 @@ def run(store: Store, out: TextIO) -> str:
         say(f"{child_id}: finished ({done}), emitted outbox #{seqs[0]} to the parent")
 
     time.sleep(0.35)
-    for execution_id, path, fire_at in store.due_timers(time.time()):  # the timer sweep
-        exe = store.load(execution_id)
-        assert exe is not None
+    # The timer sweep: a firing is handled once (its event_id is the dedupe marker) and the
+    # timer consumed in the same commit.
+    for timer in store.claim_due_timers("demo-relay", time.time()):
+        exe, seen = store.load_for_event(timer.execution_id, timer.event_id)
+        assert exe is not None and not seen
         store.commit(
             exe,
             [],
-            timers=(TimerOp.cancel(path),),
-            trace=_step(f"timer:{path}", "placed", "placed", note="reminder sent"),
+            processed_event_id=timer.event_id,
+            trace=_step(f"timer:{timer.path}", "placed", "placed", note="reminder sent"),
+            acks=(timer,),
         )
-        store.delete_timer(execution_id, path, fire_at)
-        say(f"timer {path} fired for {execution_id}")
+        say(f"timer {timer.path} fired for {timer.execution_id}")
 
+    # The outbox relay: each event is delivered and its entry consumed in the target's
+    # commit, with the event's id as the dedupe marker; entries with no target are published
+    # and acked together, in one transaction.
     joined: list[str] = []
-    for entry in store.pending_outbox():  # the outbox relay: deliver, dedupe, ack
-        target = entry.target_id
-        if target is None:
-            store.ack_outbox(entry.seq)
+    published = []
+    for entry in store.claim_outbox("demo-relay"):
+        if entry.target_id is None:
+            published.append(entry)
             continue
-        exe, seen = store.load_for_event(target, entry.event.id)
-        if exe is not None and not seen:
-            joined.append(entry.event.name)
-            emits: list[tuple[str | None, Event]] = []
-            if len(joined) == 2:  # the join: both regions are done
-                exe.status, exe.outcome, exe.finished_at = "finished", "completed", time.time()
-                exe.active_path = "done"
-                emits = [(None, Event(name="order.completed", payload={"order": exe.id}))]
-            store.commit(
-                exe,
-                emits,
-                processed_event_id=entry.event.id,
-                trace=_step(entry.event.name, "placed", exe.active_path or ""),
-            )
-        store.ack_outbox(entry.seq)
-        say(f"outbox relay: delivered #{entry.seq} {entry.event.name} to {target}")
-    for entry in store.pending_outbox():
+        exe, seen = store.load_for_event(entry.target_id, entry.event.id)
+        if exe is None or seen:  # nothing to deliver to, or delivered before: consume it
+            store.ack([entry])
+            continue
+        joined.append(entry.event.name)
+        emits: list[tuple[str | None, Event]] = []
+        if len(joined) == 2:  # the join: both regions are done
+            exe.status, exe.outcome, exe.finished_at = "finished", "completed", time.time()
+            exe.active_path = "done"
+            emits = [(None, Event(name="order.completed", payload={"order": exe.id}))]
+        store.commit(
+            exe,
+            emits,
+            processed_event_id=entry.event.id,
+            trace=_step(entry.event.name, "placed", exe.active_path or ""),
+            acks=(entry,),
+        )
+        say(f"outbox relay: delivered #{entry.seq} {entry.event.name} to {entry.target_id}")
+    published += store.claim_outbox("demo-relay")
+    for entry in published:
         say(f"outbox relay: published #{entry.seq} {entry.event.name} {entry.event.payload}")
-        store.ack_outbox(entry.seq)
+    store.ack(published)
 
     say(f"trace of {order.id}:")
     for step in store.read_trace(order.id):

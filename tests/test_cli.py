@@ -305,7 +305,8 @@ def test_schema_prints_head_and_check_catches_drift(db: str) -> None:
         "harel_outbox: index harel_outbox_target2 UNIQUE (target_id) WHERE seq > 0 in database, "
         "not in head",
         "harel_timers: column note TEXT NOT NULL DEFAULT '' in database, not in head",
-        "harel_timers: index harel_timers_fire_at (fire_at) missing from database",
+        "harel_timers: index harel_timers_fire_at (fire_at, execution_id, path, dead_at) "
+        "WHERE dead_at IS NULL missing from database",
     ]
 
 

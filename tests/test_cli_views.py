@@ -96,8 +96,11 @@ def test_outbox_view(db: str) -> None:
         store.commit(invoice, [(None, Event(name="published", id="evt-pub"))])
         assert [e.seq for e in store.claim_outbox("relay-7", limit=1)] == [1]
     table = ok(cli("outbox", "--url", db)).splitlines()
-    assert table[0].split() == ["SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED", "BY"]
+    assert table[0].split() == [
+        "SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED", "BY", "TRIES", "LAST", "ERROR"
+    ]  # fmt: skip
     assert table[1].split()[:5] == ["1", table[1].split()[1], "order-1", "order-1", "ping"]
+    assert table[1].split()[-1] == "1"  # the claim's attempt
     assert "relay-7 (" in table[1] and "left)" in table[1]
     assert table[2].split()[2:5] == ["invoice-1", "(publish)", "published"]
     docs = [json.loads(line) for line in ok(cli("outbox", "--json", "--url", db)).splitlines()]

@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from harel_store import LibsqlStore, SchemaError, SqliteStore
 from harel_store.schema import describe, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
-from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, rows_0003, stage_0003
+from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, raw, rows_0003, stage_0003
 
 ROOT = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -188,3 +188,56 @@ def test_a_schema_behind_is_refused_when_migrating_is_not_allowed(tmp_path: Path
         assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
     LibsqlStore(db).close()  # local default: migrate
     assert schema_of(db) == head_schema()
+
+
+@pytest.mark.parametrize("opener", [LibsqlStore, SqliteStore])
+def test_0006_up_and_down_on_a_populated_database(opener: type, tmp_path: Path) -> None:
+    db, at_0005 = tmp_path / "old.db", tmp_path / "ref.db"
+    alembic("-x", f"url={db}", "upgrade", "0005")
+    alembic("-x", f"url={at_0005}", "upgrade", "0005")
+    with closing(sqlite3.connect(db)) as conn, conn:
+        for n in (1, 2, 3):
+            event = f'{{"name":"e","id":"ev{n}"}}'
+            conn.execute("INSERT INTO harel_outbox (target_id, event) VALUES ('t', ?)", (event,))
+        conn.execute(
+            "INSERT INTO harel_spawns (parent_id, child_id, root_path, context) "
+            "VALUES ('p', 'kid', 'r', '{}')"
+        )
+        conn.execute(
+            "INSERT INTO harel_timers (execution_id, path, fire_at) VALUES ('p', 'x', 1.5)"
+        )
+    with opener(db) as store:  # migrates to head: every row live, no attempt yet
+        assert store.schema_revision == HEAD
+        assert [(e.seq, e.attempts, e.last_error) for e in store.outbox_view()] == [
+            (1, 0, None),
+            (2, 0, None),
+            (3, 0, None),
+        ]
+        claims = lambda: [  # noqa: E731
+            *store.claim_outbox("w", limit=2, max_attempts=1),
+            *store.claim_spawns("w", max_attempts=1),
+            *store.claim_due_timers("w", 2.0, max_attempts=1),
+        ]
+        assert len(claims()) == 4
+        store.fail("w", store.claim_outbox("w"), error="boom", retry_in=0.0)
+        raw(store).execute("UPDATE harel_outbox SET claimed_until = NULL WHERE seq < 3")
+        raw(store).execute("UPDATE harel_spawns SET claimed_until = NULL")
+        raw(store).execute("UPDATE harel_timers SET claimed_until = NULL")
+        raw(store).commit()
+        assert claims() == []  # 1, 2, the spawn and the timer die; 3 is at max_attempts
+        assert len(store.dead_letters()) == 4
+        assert [(e.seq, e.attempts, e.last_error) for e in store.outbox_view()] == [(3, 1, "boom")]
+    alembic("-x", f"url={db}", "downgrade", "0005")
+    assert schema_of(db) == schema_of(at_0005)
+    with closing(sqlite3.connect(db)) as conn:  # the dead letters are pending rows again
+        assert conn.execute("SELECT seq FROM harel_outbox ORDER BY seq").fetchall() == [
+            (1,),
+            (2,),
+            (3,),
+        ]
+        assert conn.execute("SELECT child_id FROM harel_spawns").fetchall() == [("kid",)]
+        assert conn.execute("SELECT path, fire_at FROM harel_timers").fetchall() == [("x", 1.5)]
+    alembic("-x", f"url={db}", "upgrade", "head")
+    with opener(db) as store:
+        assert [(e.seq, e.attempts) for e in store.outbox_view()] == [(1, 0), (2, 0), (3, 0)]
+        assert store.dead_letters() == [] and len(store.claim_due_timers("w", 2.0)) == 1

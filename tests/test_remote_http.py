@@ -95,6 +95,41 @@ def test_a_commit_is_one_request_and_so_is_a_read(proxy: Proxy, server: SqldServ
         assert (info.value.expected, info.value.found) == (1, 2)
 
 
+def test_a_relay_delivers_an_event_in_two_requests_and_each_relay_call_is_one(
+    proxy: Proxy, server: SqldServer
+) -> None:
+    with LibsqlStore(proxy.url(), auth_token=server.token) as store:
+        store.save(Execution(id="target", definition_id="d"))
+        source = Execution(id="source", definition_id="d")
+        events = [("target", Event(name="go", id=f"ev-{i}")) for i in range(3)]
+        spawns = [("child", "root", {})]
+        store.commit(source, events, timers=[TimerOp.schedule("t", 1.0)], spawns=spawns)
+        claims = [
+            lambda: store.claim_outbox("w", limit=2, max_attempts=3),
+            lambda: store.claim_spawns("w", max_attempts=3),
+            lambda: store.claim_due_timers("w", 5.0),
+        ]
+        held: list[Any] = []
+        for claim in claims:
+            assert requests_of(proxy, lambda claim=claim: held.extend(claim())) == 1
+        first, second, spawn, timer = held
+        # The engine's delivery of one event: its read, then one commit that handles it and
+        # consumes its entry (and, here, the spawn and the timer too).
+        exe, seen = store.load_for_event("target", first.event.id)
+        assert exe is not None and not seen
+        deliver = lambda: store.commit(  # noqa: E731
+            exe, [], processed_event_id=first.event.id, acks=(first, spawn, timer)
+        )
+        assert requests_of(proxy, deliver) == 1
+        assert requests_of(proxy, lambda: store.extend("w", [second], lease=60.0)) == 1
+        assert requests_of(proxy, lambda: store.fail("w", [second], error="no")) == 1
+        assert requests_of(proxy, lambda: store.revive([second])) == 1
+        assert requests_of(proxy, lambda: store.dead_letters()) == 1
+        rest = store.claim_outbox("w")
+        assert requests_of(proxy, lambda: store.ack(rest)) == 1
+        assert store.pending_outbox() == [] and store.pending_spawns() == []
+
+
 # --- bounded waits ---
 
 

@@ -31,6 +31,7 @@ from harel_store import (
     TimerOp,
 )
 from harel_store.schema import describe
+from harel_store.sql import HEAD
 from tests.helpers import ALEMBIC, raw
 
 # id -> (status, parent_id, updated_at staged; None: written before 0005)
@@ -307,9 +308,9 @@ def test_the_spawn_and_timer_views(store: Any, caplog: pytest.LogCaptureFixture)
 
     timers = store.timers_view()
     assert timers == [
-        ArmedTimer("p", "soon", 5.0, None, None),
-        ArmedTimer("q", "soon", 5.0, None, None),
-        ArmedTimer("p", "late", sys.float_info.max, None, None),
+        ArmedTimer("p", "soon", 5.0, None, None, 0, None),
+        ArmedTimer("q", "soon", 5.0, None, None, 0, None),
+        ArmedTimer("p", "late", sys.float_info.max, None, None, 0, None),
     ]
     assert store.timers_view(due_before=5.0) == []  # exclusive
     assert [t.execution_id for t in store.timers_view(due_before=5.5, limit=1)] == ["p"]
@@ -394,7 +395,7 @@ def test_0005_up_and_down_on_a_populated_database(opener: Any, tmp_path: Path) -
             "VALUES ('old', 'kid', 'r', '{}')"
         )
     with opener(db) as store:  # migrates to head
-        assert store.schema_revision == "0005"
+        assert store.schema_revision == HEAD
         (summary,) = store.list_executions().items
         assert (summary.created_at, summary.updated_at) == (None, None)
         store.save(Execution(id="new", definition_id="d"))
