@@ -4,20 +4,18 @@ do, oldest (or soonest) first, and who holds it under a lease."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from harel_store.cli import dead
 from harel_store.cli.common import Command, add_json, limit, open_store
-from harel_store.cli.output import PROG, Failure, age, colour_on, plain, table, to_json, when
+from harel_store.cli.output import PROG, age, plain, when
 from harel_store.models import ArmedTimer, PendingOutbox, PendingSpawn
+from harel_store.store import MAX_PAGE
 
-TRIES = ("TRIES", "LAST ERROR")  # attempts (claims) so far, and the last worker's error
-OUTBOX_COLUMNS = ("SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED BY", *TRIES)
-SPAWN_COLUMNS = ("SEQ", "AGE", "PARENT", "CHILD", "ROOT PATH", "CLAIMED BY", *TRIES)
-TIMER_COLUMNS = ("EXECUTION", "PATH", "FIRE AT", "DUE", "CLAIMED BY", *TRIES)
+OUTBOX_COLUMNS = ("SEQ", "AGE", "SOURCE", "TARGET", "EVENT", "CLAIMED BY", *dead.TRIES)
+SPAWN_COLUMNS = ("SEQ", "AGE", "PARENT", "CHILD", "ROOT PATH", "CLAIMED BY", *dead.TRIES)
+TIMER_COLUMNS = ("EXECUTION", "PATH", "FIRE AT", "DUE", "CLAIMED BY", *dead.TRIES)
 
 
 def _age_of(at: float | None, now: float) -> str:
@@ -89,101 +87,78 @@ def timer_rows(timers: Sequence[ArmedTimer], now: float) -> list[list[str]]:
     ]
 
 
-def outbox_doc(e: PendingOutbox) -> dict[str, Any]:
-    return {**e._asdict(), "event": e.event.model_dump(mode="json")}
+# show (executions.py) writes a pending entry's and a spawn's JSON as these views do.
+outbox_doc = spawn_doc = dead.doc
 
 
-def spawn_doc(e: PendingSpawn) -> dict[str, Any]:
-    return e._asdict()
-
-
-def timer_doc(t: ArmedTimer) -> dict[str, Any]:
-    return t._asdict()
-
-
-def _print(
-    args: argparse.Namespace,
-    items: Sequence[Any],
-    columns: Sequence[str],
-    rows: list[list[str]],
-    doc: Any,
-    what: str,
-) -> int:
-    if args.json:
-        for item in items:
-            print(to_json(doc(item), separators=(",", ":")))
-    elif items:
-        table(columns, rows, colour_on(sys.stdout))
-    if not items:
-        print(f"{PROG}: no {what}", file=sys.stderr)
-    elif len(items) == args.limit:
-        print(f"{PROG}: showing the first {len(items)} (use --limit N for more)", file=sys.stderr)
-    return 0
-
-
-def _dead(args: argparse.Namespace, kind: str, *filters: str) -> int | None:
-    """``--dead``: the dead letters of ``kind`` instead of the live rows (None: not asked)."""
-    if not args.dead:
-        return None
+def _dead(args: argparse.Namespace, kind: str, *filters: str) -> int:
+    """``--dead``: the dead letters of ``kind`` instead of the live rows, all of them (a
+    filter of the live rows is a usage error: ValueError, exit 2)."""
     given = [f for f in filters if getattr(args, f.removeprefix("--"))]
     if given:
-        raise Failure(f"--dead lists every dead letter of the kind: drop {', '.join(given)}")
+        raise ValueError(f"--dead lists every dead letter of the kind: drop {', '.join(given)}")
     return dead.listing(args, kind)
 
 
 def outbox(args: argparse.Namespace) -> int:
-    if (listed := _dead(args, "outbox", "--target", "--source")) is not None:
-        return listed
+    if args.dead:
+        return _dead(args, "outbox", "--target", "--source")
     with open_store(args) as store:
         entries = store.outbox_view(target=args.target, source=args.source, limit=args.limit)
-    now = time.time()
-    rows = outbox_rows(entries, now)
-    return _print(args, entries, OUTBOX_COLUMNS, rows, outbox_doc, "pending outbox entries")
+    rows = outbox_rows(entries, time.time())
+    dead.listed(args, entries, OUTBOX_COLUMNS, rows, "pending outbox entries", args.limit)
+    return 0
 
 
 def spawns(args: argparse.Namespace) -> int:
-    if (listed := _dead(args, "spawn", "--parent")) is not None:
-        return listed
+    if args.dead:
+        return _dead(args, "spawn", "--parent")
     with open_store(args) as store:
         entries = store.spawns_view(parent=args.parent, limit=args.limit)
-    now = time.time()
-    return _print(
-        args, entries, SPAWN_COLUMNS, spawn_rows(entries, now), spawn_doc, "pending spawns"
-    )
+    rows = spawn_rows(entries, time.time())
+    dead.listed(args, entries, SPAWN_COLUMNS, rows, "pending spawns", args.limit)
+    return 0
 
 
 def timers(args: argparse.Namespace) -> int:
-    if (listed := _dead(args, "timer", "--due")) is not None:
-        return listed
+    if args.dead:
+        return _dead(args, "timer", "--due")
     now = time.time()
     with open_store(args) as store:
         armed = store.timers_view(due_before=now if args.due else None, limit=args.limit)
     what = "due timers" if args.due else "armed timers"
-    return _print(args, armed, TIMER_COLUMNS, timer_rows(armed, now), timer_doc, what)
+    dead.listed(args, armed, TIMER_COLUMNS, timer_rows(armed, now), what, args.limit)
+    return 0
 
 
-def _limit_json(parser: argparse.ArgumentParser) -> None:
+def _view_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dead", action="store_true", help="the dead letters instead (see `dead`, `revive`)"
     )
-    parser.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N rows (50)")
+    parser.add_argument(
+        "--limit",
+        type=limit,
+        default=dead.SHOWN,
+        metavar="N",
+        help=f"at most N rows ({dead.SHOWN}, <= {MAX_PAGE})",
+    )
     add_json(parser)
 
 
 def configure_outbox(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="ID", help="only entries for this execution")
     parser.add_argument("--source", metavar="ID", help="only entries this execution emitted")
-    _limit_json(parser)
+    _view_options(parser)
 
 
 def configure_spawns(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent", metavar="ID", help="only spawns of this parent")
-    _limit_json(parser)
+    _view_options(parser)
 
 
 def configure_timers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--due", action="store_true", help="only timers due now")
-    _limit_json(parser)
+    _view_options(parser)
 
 
 COMMANDS = [

@@ -17,6 +17,7 @@ from harel_store.cli.common import (
     open_store,
     require_local,
 )
+from harel_store.cli.dead import dead_counts
 from harel_store.cli.output import COLOURS, PROG, age, colour_on, paint, plain, to_json
 from harel_store.cli.schema import drift
 from harel_store.connection import show
@@ -72,20 +73,18 @@ THRESHOLDS = (
 )
 
 
-def _dead(stats: StoreStats) -> dict[str, int]:
-    return {"outbox": stats.dead_outbox, "spawn": stats.dead_spawns, "timer": stats.dead_timers}
-
-
 def _dead_text(dead: dict[str, int]) -> str:
+    """How many dead letters wait, and of which kinds."""
+    total = sum(dead.values())
     kinds = ", ".join(f"{kind} {n}" for kind, n in dead.items() if n)
-    return f"{sum(dead.values())} dead letters" + (f" ({kinds})" if kinds else "")
+    return f"{total} dead letter{'' if total == 1 else 's'}" + (f" ({kinds})" if kinds else "")
 
 
 def _crossed(
     args: argparse.Namespace, ages: dict[str, float | None], stats: StoreStats
 ) -> list[str]:
     failures = []
-    dead = _dead(stats)
+    dead = dead_counts(stats)
     if args.max_dead is not None and sum(dead.values()) > args.max_dead:
         failures.append(f"--max-dead {args.max_dead}: {_dead_text(dead)}")
     for option, key, what, _help in THRESHOLDS:
@@ -143,7 +142,7 @@ def status(args: argparse.Namespace) -> int:
             "claimed_outbox": stats.claimed_outbox,
             "claimed_spawns": stats.claimed_spawns,
             "claimed_timers": stats.claimed_timers,
-            "dead_letters": _dead(stats),
+            "dead_letters": dead_counts(stats),
         }
         if args.check:
             doc["check"] = {"ok": not failures, "failures": failures}
@@ -183,7 +182,7 @@ def _print_status(
             f"{stats.timers_due} due{lag}, {stats.timers_future} future"
             f"{_held(stats.claimed_timers)}",
         ),
-        ("dead", _dead_text(_dead(stats))),
+        ("dead", _dead_text(dead_counts(stats))),
     ]
     for label, value in rows:
         print(f"{label:<11} {value}")
@@ -215,9 +214,10 @@ COMMANDS = [
         "status",
         "schema revision, executions by status, pending relays and timers; --check for probes",
         f"""--check exits 1, naming each problem on stderr, when the schema is behind, ahead
-of or drifted from head, or when a given threshold is crossed; otherwise 0. Ages of
-outbox entries and spawns are on the database's clock, which wrote their times; a
-timer's lag on this machine's, like the engine that armed it.
+of or drifted from head, or when a given threshold is crossed (an age, or more than
+--max-dead N dead letters waiting); otherwise 0. Ages of outbox entries and spawns are on
+the database's clock, which wrote their times; a timer's lag on this machine's, like the
+engine that armed it.
 
 examples:
   {PROG} status
