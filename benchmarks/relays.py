@@ -1,27 +1,53 @@
-"""Claimable relays: how fast worker processes drain the outbox, and what a claim costs as the
-backlog grows. Not a test: the figures depend on the machine; the ratios carry across.
+"""Claimable relays: how fast worker processes drain the outbox with an ack per entry and
+with one ack a batch, what an engine-like delivery costs in each shape, and what a claim
+costs as the backlog (and its dead letters) grows. Not a test: the figures depend on the
+machine; the ratios, each against a baseline measured in the same run, carry across.
 
-    python -m benchmarks.relays            # full: ~2.5 minutes on 2 cores
-    python -m benchmarks.relays --quick    # fewer entries and repetitions (~40 s)
+    python -m benchmarks.relays            # full: ~4 minutes on 2 cores
+    python -m benchmarks.relays --quick    # fewer entries and repetitions (~2 minutes)
 
 1. Drains: the outbox seeded with bulk SQL (a recursive CTE; each event ``{"name": "n",
-   "id": "<seq>", "payload": {}}``), then 1, 2 and 4 worker *processes* (``--worker``), each
-   looping ``claim_outbox(worker, limit=100)`` and an ``ack_outbox(seq)`` per entry until a
-   claim comes back empty. Entries/s, as a ratio to 1 worker; then a check that every seeded
-   entry was delivered exactly once and the outbox is empty. (a) A local file (LibsqlStore,
-   WAL, synchronous NORMAL); (b) sqld behind the 20 ms link proxy of ``benchmarks.remote``
-   (LibsqlStore over HTTP), with fewer entries: an ack is a request of its own, ~21 ms;
-   and (c) sqld with no delay (``benchmarks.remote``'s counting proxy), where the machine
-   and sqld's one writer bound the rate, not the link. A what-if beside (a) and (b): the
-   same claims with each batch's acks sent as one ``DELETE ... WHERE seq IN (json_each(?))``
-   on a bare connection (not the store's API: what a batch ack would give).
-2. Claim cost: the median ``claim_outbox(limit=100)`` and ``claim_due_timers(limit=100)``
-   with 1M entries (due timers) pending, over the same with 1k, on a local file; the claimed
-   rows are released with SQL between calls, so every call claims from a full backlog.
+   "id": "<seq>", "payload": {}}``), then 1, 2 and 4 worker *processes* (a pool of
+   ``--worker`` processes, started once; each drain opens its own stores), each looping
+   ``claim_outbox(worker, limit=100)`` until a claim comes back empty, acking either each
+   entry on its own (``ack_outbox(seq)``: today's relay) or the whole batch with one
+   ``store.ack(entries)`` (one transaction; one request remote). Entries/s (and per
+   worker), the scaling from 1 worker, and the batch's rate over the per-entry rate at the
+   same worker count (the batch drains are given more entries, so that they are not timed
+   over a few batches); then a check that every seeded entry was delivered exactly once and
+   the outbox is empty. (a) A local file (LibsqlStore, WAL) at ``synchronous=FULL`` (each
+   ack transaction an fsync) and at ``NORMAL``; (b) sqld behind the 20 ms link proxy of
+   ``benchmarks.remote`` (LibsqlStore over HTTP), with fewer entries: an ack is a request
+   of its own, ~21 ms; and (c) sqld with no delay (``benchmarks.remote``'s counting proxy),
+   where the machine and sqld's one writer bound the rate, not the link.
+2. Engine-like delivery: 100 target executions (committed through the store) and events
+   addressed to them (a source execution's commits, 250 emits each), then this process
+   drains with ``claim_outbox(limit=100)`` and, per entry, today's handler (``load``, then
+   ``commit(target, [], processed_event_id=event.id)``, then ``ack_outbox(seq)``) or the
+   one-trip handler (``load_for_event(target, event.id)``, then ``commit(target, [],
+   processed_event_id=event.id, acks=(entry,))``). Events/s of the one-trip shape over
+   today's, (a) on a local file at ``synchronous=FULL`` and (b) on sqld behind the 20 ms
+   link, where the proxy counts the requests an event (claims included; the target is the
+   handler's share). Checked: each event delivered once, the outbox empty, one version
+   bump of a target per event.
+3. Claim cost: the median ``claim_outbox(limit=100)`` and ``claim_due_timers(limit=100)``,
+   without and with ``max_attempts=10`` (the relay runtime's default: the claim then runs
+   the dead-letter sweep first), on a local file with 1M entries (due timers) pending and
+   100k dead letters of each kind, over the same with 1k pending and none. The dead letters
+   sit where a naive claim would meet them first: the oldest outbox seqs (stored negated,
+   as the store keeps a dead entry) and the earliest due ``fire_at`` times. The claimed
+   rows are given back with ``store.revive`` (claim and attempts cleared) between calls,
+   so every call claims from the same backlog.
 
-Each drain's row shows its requests an entry (claims, acks and the last empty claims, over the
-entries; remote, as the proxy counted them, retries included). Prints a table and writes JSON
-to ``benchmarks/results/relays-<timestamp>.json``.
+Each drain's line shows its requests an entry (claims, acks and the last empty claims, over
+the entries; remote, as the proxy counted them, retries included). No file is open in two
+SQLite libraries at once in one process (closing the second one unlinks the first one's
+WAL): a drain's file is migrated (SqliteStore) and seeded with stdlib ``sqlite3`` here and
+opened with libsql only by the workers, other processes; a claim-cost file is seeded with
+``sqlite3``, closed, then opened with LibsqlStore, which also gives the claimed rows back;
+the delivery files are the store's alone (sqld's are seeded through a store not behind the
+proxy). Prints a table and writes JSON to ``benchmarks/results/relays-<timestamp>.json``
+(the seconds of each section in its ``meta``).
 """
 
 from __future__ import annotations
@@ -33,6 +59,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import select
 import shutil
 import sqlite3
 import statistics
@@ -53,16 +80,20 @@ os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's 
 import httpx
 
 from benchmarks.remote import TIMEOUT, Proxy
-from harel_store import LibsqlStore
+from harel_store import Event, Execution, LibsqlStore, OutboxEntry, SqliteStore
+from harel_store.store import Store
 from tests.sqld import SQLD_VERSION, SqldServer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-WORKERS = (1, 2, 4)
 LIMIT = 100  # entries a claim asks for
-TOKEN_ENV = "HAREL_RELAYS_TOKEN"  # how a worker process gets sqld's token
 NOW = 1e9  # the timer sweep's "now": every seeded timer is due
 SIZES = (1_000, 1_000_000)  # pending rows for the claim cost
+DEAD = 100_000  # dead letters of each kind beside the larger backlog
+MAX_ATTEMPTS = 10  # the relay runtime's default
+TARGETS = 100  # executions the engine-like delivery addresses
+TARGET_DEF = "relay-bench-target"
+EMITS = 250  # emits a seeding commit
 
 SEED_OUTBOX = """
 WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?2)
@@ -76,20 +107,63 @@ WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?1)
 INSERT INTO harel_timers (execution_id, path, fire_at)
 SELECT printf('exe-%08d', n), 'main.wait', 1000.0 + n FROM k
 """
+# Dead letters as a claim leaves them (sql/queries.sql, mark_dead_*): an outbox entry with
+# its seq negated (seqs 1..?1, the oldest), a timer keeping its key; both with dead_at set
+# (in the order they died) and the attempts that reached the limit. The dead timers are
+# due before every live one.
+SEED_DEAD_OUTBOX = """
+WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?1)
+INSERT INTO harel_outbox (seq, target_id, event, created_at, attempts, last_error, dead_at)
+SELECT -n, NULL, json_object('name', 'n', 'id', CAST(n AS TEXT), 'payload', json_object()),
+       0.0, ?2, 'bench: gave up', 1.0 + n * 1e-3
+FROM k
+"""
+SEED_DEAD_TIMERS = """
+WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?1)
+INSERT INTO harel_timers (execution_id, path, fire_at, attempts, last_error, dead_at)
+SELECT printf('dead-%08d', n), 'main.wait', n * 1e-3, ?2, 'bench: gave up', 1.0 + n * 1e-3
+FROM k
+"""
 OUTBOX_LEFT = "SELECT COUNT(*) FROM harel_outbox"
-BATCH_ACK = "DELETE FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?))"
 
 
 @dataclass
 class Plan:
-    local_entries: int  # seeded for each local drain
-    remote_entries: int  # seeded for each drain on the link
+    workers: tuple[int, ...]  # worker processes of each drain, 1 first
+    # entries seeded a drain: (acks per entry, one ack a batch); at least LIMIT a worker,
+    # or the last workers find nothing to claim
+    file_full: tuple[int, int]
+    file_normal: tuple[int, int]
+    link: tuple[int, int]
+    no_delay: tuple[int, int]
+    delivery_file: int  # events a delivery run, each shape
+    delivery_link: int
     rounds: int  # of the claim-cost timings, the sizes taking turns
     calls: int  # timed claims per size and round
 
 
-QUICK = Plan(local_entries=20_000, remote_entries=400, rounds=3, calls=30)
-FULL = Plan(local_entries=100_000, remote_entries=2_000, rounds=5, calls=60)
+QUICK = Plan(
+    workers=(1, 2, 4),
+    file_full=(1_000, 10_000),
+    file_normal=(10_000, 20_000),
+    link=(400, 2_000),
+    no_delay=(400, 4_000),
+    delivery_file=400,
+    delivery_link=100,
+    rounds=3,
+    calls=30,
+)
+FULL = Plan(
+    workers=(1, 2, 4),
+    file_full=(2_000, 40_000),
+    file_normal=(20_000, 100_000),
+    link=(800, 10_000),
+    no_delay=(800, 10_000),
+    delivery_file=1_500,
+    delivery_link=200,
+    rounds=5,
+    calls=60,
+)
 
 
 @dataclass
@@ -103,82 +177,63 @@ class Report:
         self.data[key] = {"shown": shown, "target": target or None, "met": met, **raw}
         self.rows.append((key, shown, target, met))
         flag = "" if met is None else ("ok" if met else "MISSED")
-        print(f"  {key:<64} {shown:>16}  {target} {flag}".rstrip(), flush=True)
+        print(f"  {key:<72} {shown:>16}  {target} {flag}".rstrip(), flush=True)
+
+
+def meets(value: float, target: str) -> bool | None:
+    """Whether `value` meets a target such as ">= 8" or "<= 2" (None: no target)."""
+    if not target:
+        return None
+    op, bound = target.split()
+    return value >= float(bound) if op == ">=" else value <= float(bound)
 
 
 # --- a worker process: claim, deliver (note the seq), ack; until a claim comes back empty ---
 
 
-class BatchAcker:
-    """The what-if: one batch's acks as one DELETE on a bare connection (one request remote)."""
-
-    def __init__(self, database: str, token: str) -> None:
-        self.remote = database.startswith("http")
-        if self.remote:
-            headers = {"Authorization": f"Bearer {token}"}
-            self.client = httpx.Client(headers=headers, timeout=TIMEOUT)
-            self.url = database.rstrip("/") + "/v3/pipeline"
+def worker() -> None:
+    """A pool process. For each job (a JSON line: database, name, token, synchronous,
+    batched): open the store, say ready, wait for go, drain, close the store, print a JSON
+    line. Exits when stdin closes."""
+    while line := sys.stdin.readline():
+        job = json.loads(line)
+        database = job["database"]
+        if database.startswith("http"):
+            store = LibsqlStore(database, auth_token=job["token"], timeout=TIMEOUT)
         else:
-            self.conn = sqlite3.connect(database, isolation_level=None, timeout=5.0)
-
-    def ack(self, seqs: list[int]) -> None:
-        if not self.remote:
-            self.conn.execute(BATCH_ACK, (json.dumps(seqs),))
+            store = LibsqlStore(database, synchronous=job["synchronous"], migrate=False)
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
             return
-        stmt = {"sql": BATCH_ACK, "args": [{"type": "text", "value": json.dumps(seqs)}]}
-        body = {"baton": None, "requests": [{"type": "execute", "stmt": stmt}, {"type": "close"}]}
-        reply = self.client.post(self.url, json=body)
-        reply.raise_for_status()
-        if reply.json()["results"][0]["type"] != "ok":
-            raise RuntimeError(f"the batch ack failed: {reply.text[:300]}")
-
-    def close(self) -> None:
-        if self.remote:
-            self.client.close()
-        else:
-            self.conn.close()
-
-
-def worker(database: str, name: str, batched: bool) -> None:
-    """Open the store, say ready, wait for go (a line on stdin), drain; print a JSON line."""
-    token = os.environ.get(TOKEN_ENV, "")
-    if database.startswith("http"):
-        store = LibsqlStore(database, auth_token=token, timeout=TIMEOUT)
-    else:
-        store = LibsqlStore(database, synchronous="NORMAL", migrate=False)
-    acker = BatchAcker(database, token) if batched else None
-    seqs: list[int] = []
-    claims = acks = mismatched = 0
-    print("ready", flush=True)
-    sys.stdin.readline()
-    cpu = time.process_time()
-    while True:
-        claims += 1
-        entries = store.claim_outbox(name, limit=LIMIT)
-        if not entries:
-            break
-        for entry in entries:  # "delivery": note it, check it is the entry seeded
-            seqs.append(entry.seq)
-            mismatched += entry.event.id != str(entry.seq)
-        if acker is not None:
-            acker.ack([entry.seq for entry in entries])
-            acks += 1
-        else:
-            for entry in entries:
-                store.ack_outbox(entry.seq)
-            acks += len(entries)
-    ended = time.monotonic()
-    cpu = time.process_time() - cpu
-    store.close()
-    if acker is not None:
-        acker.close()
-    out = {"seqs": seqs, "claims": claims, "acks": acks, "mismatched": mismatched}
-    print(json.dumps(out | {"ended": ended, "cpu": cpu}), flush=True)
+        seqs: list[int] = []
+        claims = acks = mismatched = 0
+        cpu = time.process_time()
+        while True:
+            claims += 1
+            entries = store.claim_outbox(job["name"], limit=LIMIT)
+            if not entries:
+                break
+            for entry in entries:  # "delivery": note it, check it is the entry seeded
+                seqs.append(entry.seq)
+                mismatched += entry.event.id != str(entry.seq)
+            if job["batched"]:
+                store.ack(entries)
+                acks += 1
+            else:
+                for entry in entries:
+                    store.ack_outbox(entry.seq)
+                acks += len(entries)
+        ended = time.monotonic()
+        cpu = time.process_time() - cpu
+        store.close()
+        out = {"seqs": seqs, "claims": claims, "acks": acks, "mismatched": mismatched}
+        print(json.dumps(out | {"ended": ended, "cpu": cpu}), flush=True)
 
 
 @dataclass
 class Drain:
     workers: int
+    batched: bool  # one ack a batch (else an ack per entry)
     entries: int  # seeded
     seconds: float  # from go to the last worker's empty claim
     claims: int
@@ -201,74 +256,98 @@ class Drain:
         return sent / self.entries
 
 
-def drain(
-    database: str,
-    workers: int,
-    seeded: range,
-    left: Callable[[], int],
-    *,
-    token: str = "",
-    batched: bool = False,
-    proxy: Proxy | None = None,
-) -> Drain:
-    """Start `workers` worker processes on the seeded outbox, let them go at once, and check
-    what they delivered against `seeded` (the seqs); `proxy` (remote) counts the requests."""
-    env = {**os.environ, TOKEN_ENV: token, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "benchmarks.relays", "--worker", database]
-    procs = [
-        subprocess.Popen(
-            [*args, f"w{i}", *(["--batched"] if batched else [])],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(workers)
-    ]
-    try:
+class Pool:
+    """Worker processes (``--worker``), started once for the run (a drain of k workers
+    uses the first k), so that no drain waits for interpreters to start."""
+
+    def __init__(self, size: int) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        args = [sys.executable, "-m", "benchmarks.relays", "--worker"]
+        pipe = subprocess.PIPE
+        self.procs = [
+            subprocess.Popen(args, cwd=ROOT, env=env, stdin=pipe, stdout=pipe, text=True)
+            for _ in range(size)
+        ]
+
+    @staticmethod
+    def _send(proc: subprocess.Popen[str], line: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[str], timeout: float) -> str:
+        # One line a step and nothing written ahead of it: the pipe's buffer is empty here.
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"a worker did not answer in {timeout:g} s (exit {proc.poll()})")
+        return line
+
+    def drain(
+        self,
+        database: str,
+        workers: int,
+        seeded: range,
+        left: Callable[[], int],
+        *,
+        token: str = "",
+        batched: bool = False,
+        synchronous: str = "FULL",
+        proxy: Proxy | None = None,
+    ) -> Drain:
+        """Let `workers` workers go at once on the seeded outbox, and check what they
+        delivered against `seeded` (the seqs); `proxy` (remote) counts the requests."""
+        procs = self.procs[:workers]
+        job = {"database": database, "token": token, "synchronous": synchronous}
+        for i, proc in enumerate(procs):
+            self._send(proc, json.dumps(job | {"name": f"w{i}", "batched": batched}))
         for proc in procs:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"a worker did not start (exit code {proc.wait()})")
+            if self._read(proc, 60).strip() != "ready":
+                raise RuntimeError("a worker did not open its store")
         before = proxy.requests() if proxy else 0
         started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on Linux
         for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outs = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=600)
-            if proc.returncode:
-                raise RuntimeError(f"a worker failed (exit code {proc.returncode})")
-            outs.append(json.loads(out.splitlines()[-1]))
+            self._send(proc, "go")
+        outs = [json.loads(self._read(proc, 600)) for proc in procs]
         requests = proxy.requests() - before if proxy else None
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
+        counts = Counter(seq for out in outs for seq in out["seqs"])
+        return Drain(
+            workers=workers,
+            batched=batched,
+            entries=len(seeded),
+            seconds=max(out["ended"] for out in outs) - started,
+            claims=sum(out["claims"] for out in outs),
+            acks=sum(out["acks"] for out in outs),
+            cpu=sum(out["cpu"] for out in outs),
+            delivered=counts.total(),
+            duplicates=counts.total() - len(counts),
+            lost=sum(1 for seq in seeded if seq not in counts),
+            left=left(),
+            mismatched=sum(out["mismatched"] for out in outs),
+            link_requests=requests,
+        )
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # the worker exits
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    counts = Counter(seq for out in outs for seq in out["seqs"])
-    return Drain(
-        workers=workers,
-        entries=len(seeded),
-        seconds=max(out["ended"] for out in outs) - started,
-        claims=sum(out["claims"] for out in outs),
-        acks=sum(out["acks"] for out in outs),
-        cpu=sum(out["cpu"] for out in outs),
-        delivered=counts.total(),
-        duplicates=counts.total() - len(counts),
-        lost=sum(1 for seq in seeded if seq not in counts),
-        left=left(),
-        mismatched=sum(out["mismatched"] for out in outs),
-        link_requests=requests,
-    )
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 def local_db(path: Path) -> sqlite3.Connection:
-    """A file migrated to head by the store, and a stdlib connection to seed it."""
-    LibsqlStore(path, synchronous="NORMAL").close()
+    """A file migrated to head (SqliteStore: stdlib sqlite3, as the seeding), and a stdlib
+    connection to seed it. This process never opens that file with libsql."""
+    SqliteStore(path, synchronous="OFF").close()
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = OFF")
     return conn
@@ -294,22 +373,45 @@ def pipeline(url: str, token: str, sql: str, *args: int) -> int:
     return int(rows[0][0]["value"]) if rows else first["response"]["result"]["affected_row_count"]
 
 
-def report_drains(report: Report, where: str, drains: list[Drain], target: str) -> None:
-    one = drains[0].rate
-    for d in drains:
-        label = f"{d.workers} worker" + "s" * (d.workers > 1)
+def workers_label(n: int) -> str:
+    return f"{n} worker" + "s" * (n > 1)
+
+
+def report_drains(
+    report: Report,
+    where: str,
+    runs: dict[bool, list[Drain]],
+    ratio_target: str,
+    scale_target: str = "",
+) -> None:
+    """Each drain's rate; per ack shape, the most workers over 1; per worker count, one ack
+    a batch over an ack per entry (`ratio_target`); whether anything was lost."""
+    for batched, drains in runs.items():
+        how = "one ack a batch" if batched else "ack per entry"
+        for d in drains:
+            report.add(
+                f"drain {where}, {how}, {workers_label(d.workers)}: entries/s (a worker)",
+                f"{d.rate:,.0f} ({d.rate / d.workers:,.0f})",
+                **asdict(d),
+                entries_per_s=round(d.rate, 1),
+                entries_per_s_a_worker=round(d.rate / d.workers, 1),
+                requests_per_entry=round(d.requests_per_entry, 4),
+            )
+        one, most = drains[0], drains[-1]
+        if most.workers > 1:
+            aim = "" if batched else scale_target
+            ratio = most.rate / one.rate
+            label = f"{workers_label(most.workers)} / {workers_label(one.workers)}"
+            report.add(f"drain {where}, {how}, {label}", f"{ratio:.2f}", aim, meets(ratio, aim))
+    for per_entry, batch in zip(runs[False], runs[True], strict=True):
+        ratio = batch.rate / per_entry.rate
         report.add(
-            f"drain {where}, {label}: entries/s",
-            f"{d.rate:,.0f} ({d.requests_per_entry:.3f} req)",
-            **asdict(d),
-            entries_per_s=round(d.rate, 1),
-            requests_per_entry=round(d.requests_per_entry, 4),
+            f"drain {where}, {workers_label(batch.workers)}: batch ack / ack per entry",
+            f"{ratio:.1f}",
+            ratio_target,
+            meets(ratio, ratio_target),
         )
-        if d.workers > 1:
-            ratio = d.rate / one
-            aim = target if d.workers == max(WORKERS) else ""
-            met = ratio >= float(aim.split()[-1]) if aim else None
-            report.add(f"drain {where}, {label} / 1 worker", f"{ratio:.2f}", aim, met)
+    drains = [d for ds in runs.values() for d in ds]
     lost = sum(d.lost + d.left for d in drains)
     dups = sum(d.duplicates for d in drains)
     bad = sum(d.mismatched for d in drains)
@@ -317,8 +419,8 @@ def report_drains(report: Report, where: str, drains: list[Drain], target: str) 
     report.add(f"drain {where}: lost / duplicated", shown, "0 / 0", lost == dups == bad == 0)
 
 
-def print_drain(d: Drain, batched: bool) -> None:
-    how = "batch acks" if batched else "store acks"
+def print_drain(d: Drain) -> None:
+    how = "batch acks" if d.batched else "entry acks"
     print(
         f"    {d.workers} worker(s), {how}: {d.entries} entries in {d.seconds:.2f} s,"
         f" {d.rate:,.0f}/s, {d.requests_per_entry:.3f} requests an entry"
@@ -329,122 +431,336 @@ def print_drain(d: Drain, batched: bool) -> None:
     )
 
 
-def bench_local(report: Report, plan: Plan, tmp: Path) -> None:
-    n = plan.local_entries
-    print(f"1a. drain {n:,} outbox entries, local file (LibsqlStore, WAL, NORMAL)", flush=True)
-    for batched in (False, True):
-        drains = []
-        for workers in WORKERS:
-            path = tmp / f"drain-{workers}{'-batched' if batched else ''}.db"
-            conn = local_db(path)
-            conn.execute(SEED_OUTBOX, (0, n))
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            left = functools.partial(rows_left, conn)
-            drains.append(drain(str(path), workers, range(1, n + 1), left, batched=batched))
-            conn.close()
-            print_drain(drains[-1], batched)
-        where = "file" + (", what-if batch ack" if batched else "")
-        report_drains(report, where, drains, "")
-
-
-def bench_remote(report: Report, plan: Plan, tmp: Path, delay_ms: float) -> None:
-    n = plan.remote_entries
-    print("1b. drain outbox entries, sqld (LibsqlStore over HTTP)", flush=True)
-    with (
-        SqldServer(tmp / "sqld", auth=True) as srv,
-        contextlib.closing(Proxy(srv.port or 0, delay_ms)) as link,
-        contextlib.closing(Proxy(srv.port or 0, 0.0)) as count,
-    ):
-        LibsqlStore(srv.url, auth_token=srv.token, migrate=True).close()
-        left = functools.partial(pipeline, srv.url, srv.token, OUTBOX_LEFT)
-        base = 0
-        # On the link: the store's acks (the target); then the what-if's batch acks, many
-        # more entries (a drain of a few batches would time its start and end); then the
-        # store's acks with no delay, where only the machine and sqld bound the rate.
-        runs = (
-            (link, f"sqld {delay_ms:g} ms link", n, False, ">= 3"),
-            (link, f"sqld {delay_ms:g} ms link, what-if batch ack", 5 * n, True, ""),
-            (count, "sqld no delay", n, False, ""),
-        )
-        for proxy, where, entries, batched, target in runs:
-            print(f"    {where}: {entries:,} entries a drain", flush=True)
-            drains = []
-            for workers in WORKERS:
-                base += 10_000_000
-                assert pipeline(srv.url, srv.token, SEED_OUTBOX, base, entries) == entries
-                seeded = range(base + 1, base + entries + 1)
-                drains.append(
-                    drain(
-                        proxy.url,
-                        workers,
-                        seeded,
-                        left,
-                        token=srv.token,
-                        batched=batched,
-                        proxy=proxy,
+def bench_local(report: Report, plan: Plan, tmp: Path, pool: Pool) -> None:
+    print("1a. drain outbox entries, local file (LibsqlStore, WAL)", flush=True)
+    for sync, sizes, target in (("FULL", plan.file_full, ">= 8"), ("NORMAL", plan.file_normal, "")):
+        runs: dict[bool, list[Drain]] = {}
+        for batched, n in zip((False, True), sizes, strict=True):
+            print(f"    synchronous={sync}, {n:,} entries a drain", flush=True)
+            runs[batched] = []
+            for workers in plan.workers:
+                path = tmp / f"drain-{sync}-{workers}{'-batched' if batched else ''}.db"
+                with contextlib.closing(local_db(path)) as conn:
+                    conn.execute(SEED_OUTBOX, (0, n))
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    left = functools.partial(rows_left, conn)
+                    seeded = range(1, n + 1)
+                    drained = pool.drain(
+                        str(path), workers, seeded, left, batched=batched, synchronous=sync
                     )
+                runs[batched].append(drained)
+                print_drain(drained)
+                path.unlink()
+        report_drains(report, f"file {sync}", runs, target)
+
+
+def bench_remote(
+    report: Report, plan: Plan, pool: Pool, srv: SqldServer, link: Proxy, count: Proxy
+) -> None:
+    print("1b. drain outbox entries, sqld (LibsqlStore over HTTP)", flush=True)
+    left = functools.partial(pipeline, srv.url, srv.token, OUTBOX_LEFT)
+    base = 0
+    # On the link: the acks per entry (scaling target: the link, not the store, bounds a
+    # worker) and a batch's ack; then the same with no delay, where only the machine and
+    # sqld bound the rate.
+    runs = (
+        (link, f"sqld {link.delay_ms:g} ms link", plan.link, ">= 20", ">= 3"),
+        (count, "sqld no delay", plan.no_delay, "", ""),
+    )
+    for proxy, where, sizes, ratio_target, scale_target in runs:
+        drains: dict[bool, list[Drain]] = {}
+        for batched, n in zip((False, True), sizes, strict=True):
+            print(f"    {where}: {n:,} entries a drain", flush=True)
+            drains[batched] = []
+            for workers in plan.workers:
+                base += 10_000_000
+                assert pipeline(srv.url, srv.token, SEED_OUTBOX, base, n) == n
+                seeded = range(base + 1, base + n + 1)
+                drained = pool.drain(
+                    proxy.url, workers, seeded, left, token=srv.token, batched=batched, proxy=proxy
                 )
-                print_drain(drains[-1], batched)
-            report_drains(report, where, drains, target)
+                drains[batched].append(drained)
+                print_drain(drained)
+        report_drains(report, where, drains, ratio_target, scale_target)
 
 
-# --- claim cost: 1M pending / 1k pending ---
+# --- engine-like delivery: the handler's round trips ---
 
 
-def claim_db(path: Path, n: int) -> float:
+def today(store: Store, entry: OutboxEntry) -> int:
+    """Today's handler: load the target, commit the event's effect (its dedupe marker),
+    then ack the entry on its own. Returns the store calls it made."""
+    assert entry.target_id is not None
+    exe = store.load(entry.target_id)
+    if exe is None:
+        raise RuntimeError(f"no target {entry.target_id!r}")
+    store.commit(exe, [], processed_event_id=entry.event.id)
+    store.ack_outbox(entry.seq)
+    return 3
+
+
+def one_trip(store: Store, entry: OutboxEntry) -> int:
+    """The handler with the relay primitives: the target and its dedupe check in one read,
+    the effect and the ack in one commit."""
+    assert entry.target_id is not None
+    exe, seen = store.load_for_event(entry.target_id, entry.event.id)
+    if exe is None:
+        raise RuntimeError(f"no target {entry.target_id!r}")
+    if seen:  # handled before: only consume the entry
+        store.ack([entry])
+    else:
+        store.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
+    return 2
+
+
+SHAPES: dict[str, Callable[[Store, OutboxEntry], int]] = {
+    "load + commit + ack_outbox": today,
+    "load_for_event + commit(acks=)": one_trip,
+}
+
+
+@dataclass
+class Delivery:
+    shape: str
+    events: int  # seeded
+    seconds: float
+    claims: int
+    calls: int  # store calls, the claims included
+    cpu: float  # seconds, this process
+    duplicates: int
+    lost: int
+    left: int  # entries in the outbox afterwards
+    bumps: int  # the targets' versions, after less before: one a delivery
+    link_requests: int | None = None  # counted by the proxy (remote): retries too
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+    @property
+    def requests_per_event(self) -> float:
+        sent = self.link_requests if self.link_requests is not None else self.calls
+        return sent / self.events
+
+    @property
+    def handler_requests_per_event(self) -> float:
+        """The handler's own: the claims left out."""
+        sent = self.link_requests if self.link_requests is not None else self.calls
+        return (sent - self.claims) / self.events
+
+
+def make_targets(store: Store, n: int) -> list[str]:
+    ids = [f"target-{i:04d}" for i in range(n)]
+    for eid in ids:
+        store.commit(Execution(id=eid, definition_id=TARGET_DEF), [])
+    return ids
+
+
+def seed_events(store: Store, source: Execution, targets: list[str], tag: str, n: int) -> list[int]:
+    """`n` events addressed round-robin to `targets`, emitted by `source`'s commits; their
+    seqs."""
+    seqs: list[int] = []
+    for start in range(0, n, EMITS):
+        emits = [
+            (targets[i % len(targets)], Event(name="n", id=f"{tag}-{i}"))
+            for i in range(start, min(n, start + EMITS))
+        ]
+        seqs += store.commit(source, emits)
+    return seqs
+
+
+def versions(store: Store) -> int:
+    return sum(s.version for s in store.list_executions(definition_id=TARGET_DEF, limit=1000).items)
+
+
+def deliver(
+    store: Store, shape: str, seeded: list[int], check: Store, proxy: Proxy | None = None
+) -> Delivery:
+    """Drain the outbox in this process with the handler `shape`; `check` (a store not
+    behind the proxy) reads the targets' versions and what is left."""
+    handler = SHAPES[shape]
+    before_versions = versions(check)
+    counts: Counter[int] = Counter()
+    claims = calls = 0
+    before = proxy.requests() if proxy else 0
+    cpu = time.process_time()
+    started = time.perf_counter()
+    while True:
+        claims += 1
+        entries = store.claim_outbox("deliverer", limit=LIMIT)
+        if not entries:
+            break
+        for entry in entries:
+            counts[entry.seq] += 1
+            calls += handler(store, entry)
+    seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    requests = proxy.requests() - before if proxy else None
+    return Delivery(
+        shape=shape,
+        events=len(seeded),
+        seconds=seconds,
+        claims=claims,
+        calls=calls + claims,
+        cpu=cpu,
+        duplicates=counts.total() - len(counts),
+        lost=sum(1 for seq in seeded if seq not in counts),
+        left=len(check.pending_outbox()),
+        bumps=versions(check) - before_versions,
+        link_requests=requests,
+    )
+
+
+def print_delivery(d: Delivery) -> None:
+    print(
+        f"    {d.shape}: {d.events} events in {d.seconds:.2f} s, {d.rate:,.0f}/s,"
+        f" {d.requests_per_event:.3f} requests an event ({d.claims} claims), CPU"
+        f" {d.cpu / d.seconds:.0%}; duplicates {d.duplicates}, lost {d.lost}, left {d.left},"
+        f" version bumps {d.bumps}",
+        flush=True,
+    )
+
+
+def report_deliveries(
+    report: Report, where: str, runs: list[Delivery], rate_target: str, link: bool
+) -> None:
+    for d in runs:
+        report.add(
+            f"delivery {where}, {d.shape}: events/s",
+            f"{d.rate:,.0f} ({d.requests_per_event:.2f} req)",
+            **asdict(d),
+            events_per_s=round(d.rate, 1),
+            requests_per_event=round(d.requests_per_event, 4),
+        )
+    old, new = runs
+    ratio = new.rate / old.rate
+    report.add(
+        f"delivery {where}: one-trip / today",
+        f"{ratio:.2f}",
+        rate_target,
+        meets(ratio, rate_target),
+    )
+    if link:  # the handler's round trips, the claims (1 in 100 events) aside
+        mine, theirs = new.handler_requests_per_event, old.handler_requests_per_event
+        report.add(
+            f"delivery {where}: handler requests an event (today's)",
+            f"{mine:.2f} ({theirs:.2f})",
+            "2 (today 3)",
+            mine <= 2.0 + 1e-9,
+            one_trip=round(mine, 4),
+            today=round(theirs, 4),
+        )
+    bad = sum(d.duplicates + d.lost + d.left + abs(d.bumps - d.events) for d in runs)
+    report.add(f"delivery {where}: lost / duplicated / version bumps off", str(bad), "0", bad == 0)
+
+
+def bench_delivery_local(report: Report, plan: Plan, tmp: Path) -> None:
+    n = plan.delivery_file
+    print(f"2a. engine-like delivery of {n:,} events, local file (LibsqlStore, FULL)", flush=True)
+    runs = []
+    for i, shape in enumerate(SHAPES):
+        path = tmp / f"deliver-{i}.db"
+        with LibsqlStore(path, synchronous="FULL") as store:
+            targets = make_targets(store, min(TARGETS, n))
+            source = Execution(id="source", definition_id="relay-bench-source")
+            seeded = seed_events(store, source, targets, "e", n)
+            runs.append(deliver(store, shape, seeded, store))
+        print_delivery(runs[-1])
+    report_deliveries(report, "file FULL", runs, ">= 1.6", link=False)
+
+
+def bench_delivery_remote(report: Report, plan: Plan, srv: SqldServer, link: Proxy) -> None:
+    n = plan.delivery_link
+    where = f"sqld {link.delay_ms:g} ms link"
+    print(f"2b. engine-like delivery of {n:,} events, {where}", flush=True)
+    with (
+        LibsqlStore(srv.url, auth_token=srv.token, timeout=TIMEOUT) as direct,
+        LibsqlStore(link.url, auth_token=srv.token, timeout=TIMEOUT) as store,
+    ):
+        targets = make_targets(direct, min(TARGETS, n))
+        source = Execution(id="source", definition_id="relay-bench-source")
+        runs = []
+        for i, shape in enumerate(SHAPES):
+            seeded = seed_events(direct, source, targets, f"e{i}", n)
+            runs.append(deliver(store, shape, seeded, direct, link))
+            print_delivery(runs[-1])
+    report_deliveries(report, where, runs, "", link=True)
+
+
+# --- claim cost: 1M pending and 100k dead letters / 1k pending ---
+
+
+def claim_db(path: Path, n: int, dead: int) -> float:
+    """Seeded with stdlib sqlite3 and closed before this process opens it with libsql."""
     t0 = time.perf_counter()
-    conn = local_db(path)
-    conn.execute("BEGIN")
-    conn.execute(SEED_OUTBOX, (0, n))
-    conn.execute(SEED_TIMERS, (n,))
-    conn.execute("COMMIT")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    with contextlib.closing(local_db(path)) as conn:
+        conn.execute("BEGIN")
+        if dead:
+            conn.execute(SEED_DEAD_OUTBOX, (dead, MAX_ATTEMPTS))
+            conn.execute(SEED_DEAD_TIMERS, (dead, MAX_ATTEMPTS))
+        conn.execute(SEED_OUTBOX, (dead, n))
+        conn.execute(SEED_TIMERS, (n,))
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return time.perf_counter() - t0
 
 
+def timed_claim(store: Store, kind: str, max_attempts: int | None, first: float) -> float:
+    """One claim, timed; then its rows given back (not timed; `revive` clears the claim and
+    the attempt it counted), so that the next call finds the same backlog."""
+    t0 = time.perf_counter()
+    got: list[Any]
+    if kind == "claim_outbox":
+        got = store.claim_outbox("w", limit=LIMIT, max_attempts=max_attempts)
+        head = got[0].seq if got else None
+    else:
+        got = store.claim_due_timers("w", NOW, limit=LIMIT, max_attempts=max_attempts)
+        head = got[0].fire_at if got else None
+    took = time.perf_counter() - t0
+    assert len(got) == LIMIT and head == first, (kind, len(got), head, first)
+    if store.revive(got) != LIMIT:
+        raise RuntimeError(f"{kind}: the claimed rows were not all given back")
+    return took
+
+
 @contextlib.contextmanager
-def claimers(path: Path) -> Iterator[dict[str, Callable[[], float]]]:
-    """Each claim as a call that times one claim and then releases what it claimed (not
-    timed), so that the next call finds the same backlog."""
+def claimers(path: Path, dead: int) -> Iterator[dict[str, Callable[[], float]]]:
+    """Each claim as a call that times one claim on the store and gives back its rows
+    through the same store (no second SQLite library on the file in this process)."""
     store = LibsqlStore(path, synchronous="NORMAL", migrate=False)
-    conn = sqlite3.connect(path, isolation_level=None, timeout=5.0)
-
-    def outbox() -> float:
-        t0 = time.perf_counter()
-        got = store.claim_outbox("w", limit=LIMIT)
-        took = time.perf_counter() - t0
-        assert len(got) == LIMIT and got[0].seq == 1, got[:1]
-        release = "UPDATE harel_outbox SET claimed_by = NULL, claimed_until = NULL WHERE seq <= ?"
-        conn.execute(release, (got[-1].seq,))
-        return took
-
-    def timers() -> float:
-        t0 = time.perf_counter()
-        got = store.claim_due_timers("w", NOW, limit=LIMIT)
-        took = time.perf_counter() - t0
-        assert len(got) == LIMIT and got[0][2] == 1001.0, got[:1]
-        release = "UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL"
-        conn.execute(release + " WHERE fire_at <= ?", (got[-1][2],))
-        return took
-
     try:
-        yield {"claim_outbox": outbox, "claim_due_timers": timers}
+        for kind in ("outbox", "timer"):  # the seeded dead letters are the store's
+            letters = store.dead_letters(kind=kind, limit=3)
+            assert len(letters) == min(3, dead), (kind, letters)
+            assert not dead or letters[0].attempts == MAX_ATTEMPTS, letters[0]
+        calls = {}
+        for attempts in (None, MAX_ATTEMPTS):
+            suffix = "" if attempts is None else f", max_attempts={attempts}"
+            outbox = functools.partial(timed_claim, store, "claim_outbox", attempts, dead + 1)
+            timers = functools.partial(timed_claim, store, "claim_due_timers", attempts, 1001.0)
+            calls["claim_outbox" + suffix] = outbox
+            calls["claim_due_timers" + suffix] = timers
+        yield calls
     finally:
-        conn.close()
         store.close()
 
 
 def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
-    title = f"2. claim cost (limit {LIMIT}), local file: {SIZES[-1]:,} pending / {SIZES[0]:,}"
-    print(title, flush=True)
+    small, large = SIZES
+    title = f"3. claim cost (limit {LIMIT}), local file: {large:,} pending and {DEAD:,} dead"
+    print(f"{title} / {small:,} pending", flush=True)
+    dead = {small: 0, large: DEAD}
     paths = {n: tmp / f"claim-{n}.db" for n in SIZES}
     for n, path in paths.items():
-        took = claim_db(path, n)
-        print(f"    built {n:,} outbox entries and due timers in {took:.1f} s", flush=True)
+        took = claim_db(path, n, dead[n])
+        print(
+            f"    built {n:,} outbox entries and due timers, {dead[n]:,} dead letters of each,"
+            f" in {took:.1f} s",
+            flush=True,
+        )
     best: dict[int, dict[str, float]] = {n: {} for n in SIZES}
     with contextlib.ExitStack() as stack:
-        calls = {n: stack.enter_context(claimers(path)) for n, path in paths.items()}
+        calls = {n: stack.enter_context(claimers(path, dead[n])) for n, path in paths.items()}
         for fns in calls.values():
             for fn in fns.values():
                 for _ in range(5):
@@ -454,12 +770,11 @@ def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
                 for name, fn in fns.items():
                     median = statistics.median(fn() for _ in range(plan.calls))
                     best[n][name] = min(median, best[n].get(name, median))
-    small, large = SIZES
     for name in best[small]:
         ratio = best[large][name] / best[small][name]
         us = {str(n): round(best[n][name] * 1e6, 1) for n in SIZES}
         report.add(
-            f"{name} {large // 1000}k pending / {small // 1000}k",
+            f"{name}: {large // 1000}k pending + {DEAD // 1000}k dead / {small // 1000}k",
             f"{ratio:.2f}",
             "<= 2",
             ratio <= 2,
@@ -472,26 +787,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer entries and repetitions")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="the link's delay a request")
-    parser.add_argument("--worker", nargs=2, metavar=("DATABASE", "NAME"), help=argparse.SUPPRESS)
-    parser.add_argument("--batched", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker[0], args.worker[1], args.batched)
+        return worker()
     plan = QUICK if args.quick else FULL
     report = Report()
     started = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix="harel-relays-"))
-    try:
-        bench_local(report, plan, tmp)
-        bench_remote(report, plan, tmp, args.delay_ms)
-        bench_claim_cost(report, plan, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    took: dict[str, float] = {}  # seconds a section, for the JSON
+
+    def section(name: str, run: Callable[..., None], *args: Any) -> None:
+        t0 = time.time()
+        run(*args)
+        took[name] = round(time.time() - t0, 1)
+
+    with contextlib.ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="harel-relays-"))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        pool = stack.enter_context(contextlib.closing(Pool(max(plan.workers))))
+        section("1a", bench_local, report, plan, tmp, pool)
+        srv = stack.enter_context(SqldServer(tmp / "sqld", auth=True))
+        link = stack.enter_context(contextlib.closing(Proxy(srv.port or 0, args.delay_ms)))
+        count = stack.enter_context(contextlib.closing(Proxy(srv.port or 0, 0.0)))
+        LibsqlStore(srv.url, auth_token=srv.token, migrate=True).close()
+        section("1b", bench_remote, report, plan, pool, srv, link, count)
+        section("2a", bench_delivery_local, report, plan, tmp)
+        section("2b", bench_delivery_remote, report, plan, srv, link)
+        section("3", bench_claim_cost, report, plan, tmp)
     meta = {
         "mode": "quick" if args.quick else "full",
         "plan": asdict(plan),
         "delay_ms": args.delay_ms,
         "seconds": round(time.time() - started, 1),
+        "section_seconds": took,
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "libsql": importlib.metadata.version("libsql"),
@@ -501,10 +829,10 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"relays-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n")
-    print(f"\n{'figure':<66} {'value':>16}  target")
+    print(f"\n{'figure':<74} {'value':>16}  target")
     for key, shown, target, met in report.rows:
         flag = "" if met is None else ("ok" if met else "MISSED")
-        print(f"{key:<66} {shown:>16}  {target} {flag}".rstrip())
+        print(f"{key:<74} {shown:>16}  {target} {flag}".rstrip())
     print(f"\n{meta['mode']} run, {meta['seconds']} s; JSON: {out.relative_to(ROOT)}")
 
 
