@@ -118,6 +118,11 @@ class AsyncLibsqlStore:
     def trace_max(self, value: int | None) -> None:
         self._s.trace_max = value
 
+    @property
+    def database_key(self) -> str:
+        """As `LibsqlStore.database_key`."""
+        return self._s.database_key
+
     async def _run(self, plan: Plan[T]) -> T:
         if self._remote is not None:
             return await adrive(self._remote.aexecute, plan)
@@ -279,6 +284,14 @@ class AsyncLibsqlStore:
     async def revive(self, items: Iterable[RelayItem]) -> int:
         """Async version of `LibsqlStore.revive`."""
         return await self._run(self._s._revive(items))
+
+    async def release(self, worker: str, items: Iterable[RelayItem]) -> int:
+        """Async version of `LibsqlStore.release`."""
+        return await self._run(self._s._release(worker, items))
+
+    async def attempts_of(self, items: Iterable[RelayItem]) -> list[int]:
+        """Async version of `LibsqlStore.attempts_of`."""
+        return await self._run(self._s._attempts_of(items))
 
     async def dead_letters(self, *, kind: str | None = None, limit: int = 100) -> list[DeadLetter]:
         """Async version of `LibsqlStore.dead_letters`."""

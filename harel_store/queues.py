@@ -76,6 +76,9 @@ def items_of(items: Iterable[object], call: str) -> Items:
                 f"not {type(item).__name__}: {item!r:.80}"
             )
         checked.given.append(item)
+    # A seq given twice is one row to the statements (`IN`); a timer given twice would be
+    # two statements on one row, and two counts.
+    checked.timers[:] = dict.fromkeys(checked.timers)
     return checked
 
 
@@ -107,6 +110,17 @@ def held_items(items: Items, steps: list[int], results: Sequence[Any]) -> list[R
         if next(outcomes):
             renewed.add((TIMERS, key))
     return [item for item in items.given if _key(item) in renewed]
+
+
+def attempts(items: Items, rows: Iterable[Sequence[Any]]) -> list[int]:
+    """Each given item's attempts from the attempts_of query's rows (0: not found, or a
+    timer at another fire_at now)."""
+    found = {(kind, (a, b, float(at)) if kind == "timer" else a): n for kind, a, b, at, n in rows}
+    counts = []
+    for item in items.given:
+        kind, key = _key(item)
+        counts.append(found.get(("spawn" if kind == SPAWNS else kind, key), 0))
+    return counts
 
 
 def _key(item: RelayItem) -> tuple[str, Any]:
@@ -161,21 +175,26 @@ def decoded(rows: Iterable[Sequence[Any]], decode: Any, then: str = CLAIMED) -> 
     return good
 
 
+def _name(kind: str, key: Sequence[Any]) -> str:
+    if kind == OUTBOX:
+        return f"outbox entry {key[0]}"
+    if kind == SPAWNS:
+        return f"spawn {key[0]}"
+    return f"timer {key[1]!r} of {key[0]!r} at {key[2]!r}"
+
+
+def describe(item: RelayItem) -> str:
+    """How the relay's log names an item."""
+    kind, key = _key(item)
+    return _name(kind, key if kind == TIMERS else (key,))
+
+
 def log_dead(kind: str, rows: Iterable[Sequence[Any]]) -> None:
     """Say which rows a claim made dead letters (mark_dead_* RETURNING)."""
     for *key, attempts, last_error in rows:
-        what = (
-            f"outbox entry {key[0]}"
-            if kind == OUTBOX
-            else (
-                f"spawn {key[0]}"
-                if kind == SPAWNS
-                else f"timer {key[1]!r} of {key[0]!r} at {key[2]!r}"
-            )
-        )
         relay_log.warning(
             "%s is a dead letter after %d attempts (last error: %s); revive or ack it",
-            what,
+            _name(kind, key),
             attempts,
             "none recorded" if last_error is None else repr(last_error[:300]),
         )

@@ -10,6 +10,7 @@ remote primary.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
-from harel_store import queues
+from harel_store import queues, wakeup
 from harel_store.batch import Batch, Conflicted, Plan, drive, statement
 from harel_store.checks import (
     check_definition,
@@ -204,6 +205,16 @@ class Store:
         self._trace_max = check_trace_max(value)
 
     @property
+    def database_key(self) -> str:
+        """What tells this store's database apart in this process (its file, or its
+        server's URL): the relays of one database wait on its signal (`harel_store.wakeup`)."""
+        return self._conn.key
+
+    def _work(self) -> None:
+        """Tell the relays of this database, in this process, that there is work."""
+        wakeup.notify(self._conn.key)
+
+    @property
     def schema_revision(self) -> str | None:
         """The Alembic revision the database is at (``HEAD`` once the store is open)."""
         return self._run(revision())
@@ -295,7 +306,7 @@ class Store:
                 )
             )
         trace_json = None if trace is None else dumps(trace, "trace")
-        consumed = queues.items_of(acks, "acks")
+        consumed = queues.items_of(acks, "acks") if acks else None
         old = exe.version
         try:
             exe.version = old + 1
@@ -310,8 +321,13 @@ class Store:
                 update = (exe.id, data, exe.version, old, *summary)
                 batch.guard(cas, *update)
             batch.on_conflict("execution_version", exe.id)
-            for target, event in outbox:
-                batch.add("insert_outbox", target, exe.id, event)
+            # The acks consume the items as they were before this commit, so what it writes
+            # itself stays: a timer it re-arms, even at the time it fired at.
+            if consumed is not None:
+                queues.add_each(batch, consumed, "ack")
+            emitted = [
+                batch.add("insert_outbox", target, exe.id, event) for target, event in outbox
+            ]
             if processed_event_id is not None:
                 batch.add("mark_processed", exe.id, processed_event_id)
             for row in spawn_rows:
@@ -323,7 +339,6 @@ class Store:
                     batch.add("cancel_timer", exe.id, op.path)
             if trace_json is not None:
                 self._add_trace(batch, exe.id, trace_json)
-            queues.add_each(batch, consumed, "ack")
             try:
                 results = yield batch
             except Conflicted as conflict:
@@ -340,7 +355,9 @@ class Store:
             exe.version = old
             raise
         self._remember(exe)
-        return list(results[1 : 1 + len(outbox)])
+        if outbox or spawn_rows or any(op.action == "schedule" for op in timer_ops):
+            self._work()
+        return [results[i] for i in emitted]
 
     def _cas_shape(self, exe: Execution, old: int) -> str:
         """The CAS write (a query of queries.sql) that names only the indexed summary
@@ -723,14 +740,9 @@ class Store:
         nothing written."""
         return self._run(self._ack(queues.items_of(items, "ack")))
 
-    @staticmethod
-    def _ack(items: queues.Items) -> Plan[int]:
-        batch = Batch()
-        steps = queues.add_each(batch, items, "ack")
-        if not steps:
-            return 0
-        results = yield batch
-        return sum(results[i] for i in steps)
+    @classmethod
+    def _ack(cls, items: queues.Items) -> Plan[int]:
+        return (yield from cls._each(items, "ack"))
 
     def ack_outbox(self, seq: int) -> None:
         """Remove a delivered outbox entry (a no-op if it is already gone): `ack` of one."""
@@ -770,19 +782,14 @@ class Store:
         updated. The attempt was counted by the claim."""
         return self._run(self._fail(worker, items, error=error, retry_in=retry_in))
 
-    @staticmethod
+    @classmethod
     def _fail(
-        worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
+        cls, worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
     ) -> Plan[int]:
         check_id(worker, "worker")
         checked = queues.items_of(items, "fail")
         text, delay = error_text(error), check_delay(retry_in, "retry_in")
-        batch = Batch()
-        steps = queues.add_each(batch, checked, "fail", text, delay, worker=worker)
-        if not steps:
-            return 0
-        results = yield batch
-        return sum(results[i] for i in steps)
+        return (yield from cls._each(checked, "fail", text, delay, worker=worker))
 
     def extend(self, worker: str, items: Iterable[RelayItem], *, lease: float) -> list[RelayItem]:
         """Renew, to ``lease`` seconds from now (the database's clock), the leases of the
@@ -807,15 +814,51 @@ class Store:
         claimable at once. Returns how many rows it updated."""
         return self._run(self._revive(items))
 
+    def _revive(self, items: Iterable[RelayItem]) -> Plan[int]:
+        revived = yield from self._each(queues.items_of(items, "revive"), "revive")
+        self._work()
+        return revived
+
+    def release(self, worker: str, items: Iterable[RelayItem]) -> int:
+        """Hand back items ``worker`` claimed and did not handle (a relay stopping): each
+        one it still holds is claimable at once, its claim's attempt given back. Returns how
+        many rows it updated."""
+        return self._run(self._release(worker, items))
+
+    def _release(self, worker: str, items: Iterable[RelayItem]) -> Plan[int]:
+        check_id(worker, "worker")
+        released = yield from self._each(
+            queues.items_of(items, "release"), "release", worker=worker
+        )
+        self._work()
+        return released
+
     @staticmethod
-    def _revive(items: Iterable[RelayItem]) -> Plan[int]:
-        checked = queues.items_of(items, "revive")
+    def _each(items: queues.Items, verb: str, *args: Any, worker: str | None = None) -> Plan[int]:
+        """``verb`` of every item in one write (``args`` after each item's key, as
+        `queues.add_each` lays them out); how many rows it changed."""
         batch = Batch()
-        steps = queues.add_each(batch, checked, "revive")
+        steps = queues.add_each(batch, items, verb, *args, worker=worker)
         if not steps:
             return 0
         results = yield batch
         return sum(results[i] for i in steps)
+
+    def attempts_of(self, items: Iterable[RelayItem]) -> list[int]:
+        """How many times each item was claimed (0: it is gone, or a timer re-armed since),
+        in the order given; one read. A relay's backoff grows with it."""
+        return self._run(self._attempts_of(items))
+
+    @staticmethod
+    def _attempts_of(items: Iterable[RelayItem]) -> Plan[list[int]]:
+        checked = queues.items_of(items, "attempts_of")
+        if not checked.given:
+            return []
+        timers = json.dumps([[execution_id, path] for execution_id, path, _ in checked.timers])
+        rows = yield statement(
+            "attempts_of", json.dumps(checked.outbox), json.dumps(checked.spawns), timers
+        )
+        return queues.attempts(checked, rows)
 
     def dead_letters(self, *, kind: str | None = None, limit: int = 100) -> list[DeadLetter]:
         """The first ``limit`` (1..1000) dead letters, in the order they died (oldest

@@ -475,6 +475,13 @@ UPDATE harel_outbox
 SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
 
+-- name: release_outbox!
+-- Claimed and not handled (a relay stopping): of the entries ?2, those worker ?1 still
+-- holds are claimable at once, and the claim's attempt is given back.
+UPDATE harel_outbox SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
 -- The spawns' queue, as the outbox's.
 
 -- name: pending_spawns
@@ -527,6 +534,11 @@ RETURNING seq;
 UPDATE harel_spawns
 SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
+
+-- name: release_spawns!
+UPDATE harel_spawns SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- The timers' queue: live timers due at the caller's clock (?N: now), soonest first. Ties in
 -- fire_at in primary-key order, which the fire_at index holds: a limit cuts them the same
@@ -586,6 +598,25 @@ WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
 -- name: revive_timer!
 UPDATE harel_timers SET attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
 WHERE execution_id = ? AND path = ? AND fire_at = ?;
+
+-- name: release_timer!
+UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
+  AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: attempts_of
+-- The attempts of items, live or dead, in one read: the outbox entries and the spawns whose
+-- seqs are in the JSON arrays ?1 and ?2, the timers whose [execution_id, path] are in ?3
+-- (their fire_at comes back, for the store to match: no float is read from JSON text).
+SELECT 'outbox', abs(seq), NULL, NULL, attempts FROM harel_outbox
+WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1))
+UNION ALL
+SELECT 'spawn', abs(seq), NULL, NULL, attempts FROM harel_spawns
+WHERE seq IN (SELECT value FROM json_each(?2) UNION ALL SELECT -value FROM json_each(?2))
+UNION ALL
+SELECT 'timer', execution_id, path, fire_at, attempts FROM harel_timers
+WHERE (execution_id, path) IN
+    (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?3));
 
 -- name: dead_letters
 -- The first ?1 dead letters in the order they died (ties: outbox, spawn, timer, then by

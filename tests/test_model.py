@@ -1,10 +1,10 @@
-"""Random sequences of commits, acks, sweeps, claims and purges, checked against a plain
-model.
+"""Random sequences of commits, acks, sweeps, claims, fails, extends, revives and purges,
+checked against a plain model.
 
 After every step the store (both drivers) must agree with a few dicts that implement the
 contract in the most obvious way. Leases run on the database's clock, which a test cannot
 set: the model's clock moves instead by moving every lease's end back (`elapse`), so a
-lease runs out exactly when the model says it does.
+lease (or a failed row's wait for its retry) runs out exactly when the model says it does.
 """
 
 from __future__ import annotations
@@ -13,19 +13,70 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
-from harel_store import Event, Execution, LibsqlStore, SqliteStore, StoreConflict, TimerOp
+from harel_store import (
+    DeadLetter,
+    DueTimer,
+    Event,
+    Execution,
+    LibsqlStore,
+    OutboxEntry,
+    SpawnEntry,
+    SqliteStore,
+    StoreConflict,
+    TimerOp,
+)
+from harel_store.models import ArmedTimer, PendingOutbox, PendingSpawn, RelayItem
 from harel_store.store import Store
 from tests.helpers import raw
 
 IDS = ["a", "b", "c%", "d_"]
 PATHS = ["p", "q"]
+WORKERS = ["w1", "w2"]
 TRACE_MAX = 3
 FAR = 1e12
-# Leases and clock steps far apart from the real seconds a test run takes.
+# Leases, retries and clock steps far apart from the real seconds a test run takes.
 LEASES = [100.0, 10_000.0]
-Held = tuple[str, ...]  # ("outbox", seq) / ("spawn", seq) / ("timer", execution_id, path)
+RETRIES = [0.0, 100.0]
+MAX_ATTEMPTS = [None, 1, 2, 3]
+GONE = 10**6  # a seq no run reaches
+LATE = 10**6  # a time past every timer (a sweep's re-arm moves one 100 later)
+Key = tuple[Any, ...]  # ("outbox", seq) / ("spawn", seq) / ("timer", execution_id, path)
+KINDS = {"outbox": 0, "spawn": 1, "timer": 2}  # dead_letters' tie order
+
+
+def key_of(item: RelayItem) -> Key:
+    if isinstance(item, OutboxEntry):
+        return ("outbox", item.seq)
+    if isinstance(item, SpawnEntry):
+        return ("spawn", item.seq)
+    return ("timer", item.execution_id, item.path)
+
+
+def letter(d: DeadLetter) -> tuple[Any, ...]:
+    """A dead letter as plain values (its event by id)."""
+    item: tuple[Any, ...] = tuple(d.item)
+    if isinstance(d.item, OutboxEntry):
+        item = (d.item.seq, d.item.target_id, d.item.event.id)
+    return (d.kind, item, d.attempts, d.last_error)
+
+
+def claim(row: PendingOutbox | PendingSpawn | ArmedTimer) -> tuple[Any, ...]:
+    """An operator view's claim and attempts of a row (claimed_until only as set or not:
+    it is on the database's clock)."""
+    return (row.claimed_by, row.claimed_until is not None, row.attempts, row.last_error)
+
+
+def named(key: Key) -> Any:
+    """The key `dead_letter` takes: a seq, or a timer's (execution_id, path)."""
+    return key[1:] if key[0] == "timer" else key[1]
 
 
 class StoreModel(RuleBasedStateMachine):
@@ -35,6 +86,9 @@ class StoreModel(RuleBasedStateMachine):
         super().__init__()
         self.store = self.driver(":memory:", trace_max=TRACE_MAX)
         self.exes: dict[str, tuple[int, dict[str, Any]]] = {}
+        # The queues' rows, live and dead (a dead letter stays until acked, revived or
+        # purged): outbox seq -> (target, event id), spawn seq -> (parent, child),
+        # (execution, path) -> fire_at.
         self.outbox: dict[int, tuple[str | None, str]] = {}
         self.sources: dict[int, str] = {}  # outbox seq -> the execution that emitted it
         self.written: list[str] = []  # executions, the one last written last
@@ -44,10 +98,122 @@ class StoreModel(RuleBasedStateMachine):
         self.trace: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self.next_outbox = self.next_spawn = 1
         self.counter = 0
-        self.leases: dict[Held, float] = {}  # what is claimed, and the lease's time left
+        # Per row: its claim as (claimed_by, the time left of claimed_until), present while
+        # claimed_until is set (a failed row waits out its retry held by None); its attempts
+        # and last error; and, for a dead letter, the claim that made it one (claims counted
+        # in the order they ran).
+        self.claims: dict[Key, tuple[str | None, float]] = {}
+        self.attempts: dict[Key, int] = {}
+        self.errors: dict[Key, str] = {}
+        self.dead: dict[Key, int] = {}
+        self.claims_run = 0
+        self.failures = 0
 
     def teardown(self) -> None:
         self.store.close()
+
+    # --- the model's helpers ---
+
+    def _exists(self, key: Key) -> bool:
+        if key[0] == "outbox":
+            return key[1] in self.outbox
+        if key[0] == "spawn":
+            return key[1] in self.spawns
+        return (key[1], key[2]) in self.timers
+
+    def _per_row(self) -> list[dict[Key, Any]]:
+        return [self.claims, self.attempts, self.errors, self.dead]
+
+    def _forget(self, key: Key) -> None:
+        """The row is gone, or re-armed anew: no claim, no attempts, no error, not dead."""
+        for per_row in self._per_row():
+            per_row.pop(key, None)
+
+    def _prune(self) -> None:
+        """Forget what rows no longer exist (a purge took them)."""
+        for per_row in self._per_row():
+            for key in [k for k in per_row if not self._exists(k)]:
+                del per_row[key]
+
+    def _row(self, item: RelayItem) -> Key | None:
+        """The row an item names, if it still exists (a timer only at that fire_at)."""
+        key = key_of(item)
+        if not self._exists(key):
+            return None
+        if (
+            isinstance(item, DueTimer)
+            and self.timers[(item.execution_id, item.path)] != item.fire_at
+        ):
+            return None
+        return key
+
+    def _free(self, key: Key) -> bool:
+        return self.claims.get(key, (None, 0.0))[1] <= 0.0
+
+    def _held_by(self, key: Key, worker: str) -> bool:
+        holder, left = self.claims.get(key, (None, 0.0))
+        return holder == worker and left > 0.0
+
+    def _live(self, key: Key) -> bool:
+        return key not in self.dead
+
+    def _item(self, key: Key) -> RelayItem:
+        if key[0] == "outbox":
+            target, event_id = self.outbox[key[1]]
+            return OutboxEntry(key[1], target, Event(name="e", id=event_id))
+        if key[0] == "spawn":
+            parent, child = self.spawns[key[1]]
+            return SpawnEntry(key[1], parent, child, "r", {"n": int(child[3:])})
+        return DueTimer(key[1], key[2], self.timers[(key[1], key[2])])
+
+    def _keys(self) -> list[Key]:
+        return (
+            [("outbox", s) for s in sorted(self.outbox)]
+            + [("spawn", s) for s in sorted(self.spawns)]
+            + [("timer", e, p) for e, p in sorted(self.timers)]
+        )
+
+    def _pool(self) -> list[RelayItem]:
+        """Items to hand back: every row's (live or dead), and some of rows already gone, or
+        of a timer at another time."""
+        items = [self._item(k) for k in self._keys()]
+        acked = [s for s in range(1, self.next_outbox) if s not in self.outbox][-2:]
+        items += [OutboxEntry(s, None, Event(name="e", id="gone")) for s in [*acked, GONE]]
+        done = [s for s in range(1, self.next_spawn) if s not in self.spawns][-2:]
+        items += [SpawnEntry(s, "a", "gone", "r", {}) for s in [*done, GONE]]
+        items += [DueTimer(e, p, at + 0.5) for (e, p), at in sorted(self.timers.items())[:2]]
+        items += [DueTimer(e, p, 3.0) for e in IDS[:2] for p in PATHS if (e, p) not in self.timers]
+        return items
+
+    def _items(self, data: st.DataObject, max_size: int = 4) -> list[RelayItem]:
+        """Some items of the pool, duplicates and all."""
+        return data.draw(st.lists(st.sampled_from(self._pool()), max_size=max_size))
+
+    def _claimed(self, data: st.DataObject) -> list[RelayItem]:
+        """Items for `fail` and `extend`: some of rows with a claim (held, run out, or
+        waiting out a retry), some others, in any order."""
+        claimed = [self._item(k) for k in self._keys() if k in self.claims]
+        some = data.draw(st.lists(st.sampled_from(claimed), min_size=1, max_size=3))
+        return data.draw(st.permutations(some + self._items(data, max_size=2)))
+
+    def _ack(self, items: list[RelayItem]) -> int:
+        """Remove what ``items`` name, one after the other; return how many rows went."""
+        removed = 0
+        for item in items:
+            key = self._row(item)
+            if key is None:
+                continue
+            if key[0] == "outbox":
+                del self.outbox[key[1]]
+            elif key[0] == "spawn":
+                del self.spawns[key[1]]
+            else:
+                del self.timers[(key[1], key[2])]
+            self._forget(key)
+            removed += 1
+        return removed
+
+    # --- the rules ---
 
     @rule(
         eid=st.sampled_from(IDS),
@@ -58,9 +224,11 @@ class StoreModel(RuleBasedStateMachine):
             st.none(),
             st.tuples(st.just("schedule"), st.sampled_from(PATHS), st.integers(0, 20)),
             st.tuples(st.just("cancel"), st.sampled_from(PATHS), st.just(0)),
+            st.tuples(st.just("refire"), st.sampled_from(PATHS), st.sampled_from([0, 5])),
         ),
         spawn=st.booleans(),
         trace=st.booleans(),
+        data=st.data(),
     )
     def commit(
         self,
@@ -68,9 +236,44 @@ class StoreModel(RuleBasedStateMachine):
         skew: int,
         to: list[str | None],
         processed: bool,
-        timer: tuple[str, str, int] | None,
+        timer: tuple[str, str, float] | None,
         spawn: bool,
         trace: bool,
+        data: st.DataObject,
+    ) -> None:
+        # Items it consumes: pending, claimed, dead or gone ones, and timers at a time they
+        # no longer fire at.
+        acks = self._items(data, max_size=2)
+        if timer is not None and timer[0] == "refire":
+            # The handler of a firing of its own timer: consumes it and re-arms it, at the
+            # same time or a later one (or just arms it, if it is not armed).
+            _, path, later = timer
+            at = self.timers.get((eid, path))
+            if at is not None:
+                acks.append(DueTimer(eid, path, at))
+            timer = ("schedule", path, (at or 0.0) + later)
+        self._commit(eid, skew, to, processed, timer, spawn, trace, acks)
+
+    @initialize(
+        eids=st.lists(st.sampled_from(IDS), min_size=1, max_size=3, unique=True),
+        ats=st.lists(st.integers(0, 20), min_size=3, max_size=3),
+    )
+    def seed(self, eids: list[str], ats: list[int]) -> None:
+        """Something in every queue to begin with (with many rules, commits are rare): each
+        execution emits two events, spawns a child and arms a timer."""
+        for eid, at in zip(eids, ats, strict=False):
+            self._commit(eid, 0, [None, eid], False, ("schedule", "p", at), True, False, [])
+
+    def _commit(
+        self,
+        eid: str,
+        skew: int,
+        to: list[str | None],
+        processed: bool,
+        timer: tuple[str, str, float] | None,
+        spawn: bool,
+        trace: bool,
+        acks: list[RelayItem],
     ) -> None:
         self.counter += 1
         n = self.counter
@@ -98,15 +301,19 @@ class StoreModel(RuleBasedStateMachine):
                 ops,
                 [(f"kid{n}", "r", {"n": n})] if spawn else [],
                 {"n": n} if trace else None,
+                acks=acks,
             )
         except StoreConflict:
             assert stale, "a conflict on a fresh version"
             assert exe.version == before
-            return
+            return  # nothing written, nothing acked: the invariants check it
         assert not stale, "a stale version committed"
         assert exe.version == version + 1
         self.exes[eid] = (version + 1, {"n": n})
         self.written = [e for e in self.written if e != eid] + [eid]
+        # The acks consume the items as they were before this commit: what it writes itself
+        # (a re-armed timer, at its old time or not) stays.
+        self._ack(acks)
         assert seqs == list(range(self.next_outbox, self.next_outbox + len(events)))
         for seq, (target, event) in zip(seqs, events, strict=True):
             self.outbox[seq] = (target, event.id)
@@ -115,7 +322,7 @@ class StoreModel(RuleBasedStateMachine):
         if processed:
             self.processed.add((eid, f"in{n}"))
         for op in ops:
-            self.leases.pop(("timer", eid, op.path), None)  # re-armed or cancelled: unclaimed
+            self._forget(("timer", eid, op.path))  # re-armed (anew) or cancelled
             if op.action == "schedule":
                 assert op.fire_at is not None
                 self.timers[(eid, op.path)] = op.fire_at
@@ -132,10 +339,10 @@ class StoreModel(RuleBasedStateMachine):
     @precondition(lambda self: self.outbox)
     @rule(data=st.data())
     def ack_outbox(self, data: st.DataObject) -> None:
-        seq = data.draw(st.sampled_from(sorted(self.outbox)))
+        seq = data.draw(st.sampled_from(sorted(self.outbox)))  # live or dead
         self.store.ack_outbox(seq)
         del self.outbox[seq]
-        self.leases.pop(("outbox", seq), None)
+        self._forget(("outbox", seq))
 
     @rule(seq=st.integers(0, 1000))
     def ack_unknown(self, seq: int) -> None:
@@ -143,8 +350,8 @@ class StoreModel(RuleBasedStateMachine):
         self.outbox.pop(seq, None)
         self.store.ack_spawn(seq)
         self.spawns.pop(seq, None)
-        self.leases.pop(("outbox", seq), None)
-        self.leases.pop(("spawn", seq), None)
+        self._forget(("outbox", seq))
+        self._forget(("spawn", seq))
 
     @precondition(lambda self: self.spawns)
     @rule(data=st.data())
@@ -152,12 +359,23 @@ class StoreModel(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(sorted(self.spawns)))
         self.store.ack_spawn(seq)
         del self.spawns[seq]
-        self.leases.pop(("spawn", seq), None)
+        self._forget(("spawn", seq))
+
+    @precondition(lambda self: self.outbox or self.spawns or self.timers)
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        """Any mix of kinds, live, dead or gone, duplicates included: one count of rows."""
+        items = self._items(data)
+        assert self.store.ack(items) == self._ack(items)
 
     @rule(now=st.integers(0, 20), rearm=st.booleans())
     def sweep(self, now: int, rearm: bool) -> None:
         due = self.store.due_timers(float(now))
-        assert sorted(due) == sorted((e, p, at) for (e, p), at in self.timers.items() if at <= now)
+        assert sorted(due) == sorted(
+            (e, p, at)
+            for (e, p), at in self.timers.items()
+            if at <= now and self._live(("timer", e, p))
+        )
         for eid, path, at in due:
             if rearm:  # re-armed between the sweep and the delete: the delete must spare it
                 self.store.commit(
@@ -175,7 +393,7 @@ class StoreModel(RuleBasedStateMachine):
                 self.timers[(eid, path)] = at + 100
             else:
                 del self.timers[(eid, path)]
-            self.leases.pop(("timer", eid, path), None)
+            self._forget(("timer", eid, path))
             self.store.delete_timer(eid, path, at)
 
     @rule(eid=st.sampled_from(IDS), skew=st.sampled_from([0, 0, 1, -1]))
@@ -188,72 +406,181 @@ class StoreModel(RuleBasedStateMachine):
         assert self.store.purge(eid, version) is expect
         if exists and not expect:
             return
+        # Everything it owns goes, dead letters included.
         self.exes.pop(eid, None)
         self.processed = {(e, i) for e, i in self.processed if e != eid}
         self.timers = {k: v for k, v in self.timers.items() if k[0] != eid}
         self.outbox = {s: v for s, v in self.outbox.items() if v[0] != eid}
         self.spawns = {s: v for s, v in self.spawns.items() if v[0] != eid}
         self.trace.pop(eid, None)
-        self.leases = {
-            k: v
-            for k, v in self.leases.items()
-            if (k[0] == "outbox" and int(k[1]) in self.outbox)
-            or (k[0] == "spawn" and int(k[1]) in self.spawns)
-            or (k[0] == "timer" and (k[1], k[2]) in self.timers)
-        }
+        self._prune()
 
-    def _free(self, key: Held) -> bool:
-        return self.leases.get(key, 0.0) <= 0.0
+    def _claim(
+        self, order: list[Key], worker: str, limit: int, lease: float, max_attempts: int | None
+    ) -> list[Key]:
+        """What a claim takes of the rows in ``order`` (live or dead, in the claim's order),
+        and which it makes dead letters."""
+        free = [k for k in order if self._live(k) and self._free(k)]
+        if max_attempts is not None:
+            # Of the first `limit` rows it could take, those at max_attempts die; it passes
+            # over every row at max_attempts.
+            self.claims_run += 1
+            for k in free[:limit]:
+                if self.attempts.get(k, 0) >= max_attempts:
+                    self.dead[k] = self.claims_run
+                    self.claims.pop(k, None)
+            free = [k for k in free if self.attempts.get(k, 0) < max_attempts]
+        for k in free[:limit]:
+            self.attempts[k] = self.attempts.get(k, 0) + 1
+            self.claims[k] = (worker, lease)
+        return free[:limit]
 
-    @rule(
-        worker=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 3), lease=st.sampled_from(LEASES)
-    )
-    def claim_outbox(self, worker: str, limit: int, lease: float) -> None:
-        got = self.store.claim_outbox(worker, limit=limit, lease=lease)
-        free = [seq for seq in sorted(self.outbox) if self._free(("outbox", seq))]
+    def _claim_outbox(
+        self, worker: str, limit: int, lease: float, max_attempts: int | None
+    ) -> list[OutboxEntry]:
+        got = self.store.claim_outbox(worker, limit=limit, lease=lease, max_attempts=max_attempts)
+        order = [("outbox", seq) for seq in sorted(self.outbox)]
+        taken = self._claim(order, worker, limit, lease, max_attempts)
         assert [(e.seq, e.target_id, e.event.id) for e in got] == [
-            (seq, *self.outbox[seq]) for seq in free[:limit]
+            (k[1], *self.outbox[k[1]]) for k in taken
         ]
-        for seq in free[:limit]:
-            self.leases[("outbox", seq)] = lease
+        return got
 
-    @rule(
-        worker=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 3), lease=st.sampled_from(LEASES)
-    )
-    def claim_spawns(self, worker: str, limit: int, lease: float) -> None:
-        got = self.store.claim_spawns(worker, limit=limit, lease=lease)
-        free = [seq for seq in sorted(self.spawns) if self._free(("spawn", seq))]
+    def _claim_spawns(
+        self, worker: str, limit: int, lease: float, max_attempts: int | None
+    ) -> list[SpawnEntry]:
+        got = self.store.claim_spawns(worker, limit=limit, lease=lease, max_attempts=max_attempts)
+        order = [("spawn", seq) for seq in sorted(self.spawns)]
+        taken = self._claim(order, worker, limit, lease, max_attempts)
         assert [(p.seq, p.parent_id, p.child_id) for p in got] == [
-            (seq, *self.spawns[seq]) for seq in free[:limit]
+            (k[1], *self.spawns[k[1]]) for k in taken
         ]
-        for seq in free[:limit]:
-            self.leases[("spawn", seq)] = lease
+        return got
+
+    def _claim_due_timers(
+        self, worker: str, now: int, limit: int, lease: float, max_attempts: int | None
+    ) -> list[DueTimer]:
+        got = self.store.claim_due_timers(
+            worker, float(now), limit=limit, lease=lease, max_attempts=max_attempts
+        )
+        due = sorted((at, e, p) for (e, p), at in self.timers.items() if at <= now)
+        taken = self._claim(
+            [("timer", e, p) for _, e, p in due], worker, limit, lease, max_attempts
+        )
+        assert got == [(e, p, self.timers[(e, p)]) for _, e, p in taken]
+        assert all(isinstance(t, DueTimer) for t in got)
+        assert len({t.event_id for t in got}) == len(got)
+        return got
 
     @rule(
-        worker=st.sampled_from(["w1", "w2"]),
-        now=st.integers(0, 20),
+        worker=st.sampled_from(WORKERS),
         limit=st.integers(1, 3),
         lease=st.sampled_from(LEASES),
+        max_attempts=st.sampled_from(MAX_ATTEMPTS),
     )
-    def claim_due_timers(self, worker: str, now: int, limit: int, lease: float) -> None:
-        got = self.store.claim_due_timers(worker, float(now), limit=limit, lease=lease)
-        due = sorted(
-            (at, e, p)
-            for (e, p), at in self.timers.items()
-            if at <= now and self._free(("timer", e, p))
-        )[:limit]
-        assert got == [(e, p, at) for at, e, p in due]
-        for _, e, p in due:
-            self.leases[("timer", e, p)] = lease
+    def claim_outbox(self, worker: str, limit: int, lease: float, max_attempts: int | None) -> None:
+        self._claim_outbox(worker, limit, lease, max_attempts)
 
-    @rule(seconds=st.sampled_from([50.0, 1_000.0]))
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        limit=st.integers(1, 3),
+        lease=st.sampled_from(LEASES),
+        max_attempts=st.sampled_from(MAX_ATTEMPTS),
+    )
+    def claim_spawns(self, worker: str, limit: int, lease: float, max_attempts: int | None) -> None:
+        self._claim_spawns(worker, limit, lease, max_attempts)
+
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        now=st.one_of(st.integers(0, 20), st.just(LATE)),
+        limit=st.integers(1, 3),
+        lease=st.sampled_from(LEASES),
+        max_attempts=st.sampled_from(MAX_ATTEMPTS),
+    )
+    def claim_due_timers(
+        self, worker: str, now: int, limit: int, lease: float, max_attempts: int | None
+    ) -> None:
+        self._claim_due_timers(worker, now, limit, lease, max_attempts)
+
+    def _fail(self, worker: str, items: list[RelayItem], retry_in: float) -> None:
+        """Only the rows ``worker`` holds under a live lease: their error recorded, held by
+        nobody, claimable ``retry_in`` from now."""
+        self.failures += 1
+        error = f"boom {self.failures}"
+        failed = 0
+        for item in items:
+            key = self._row(item)
+            if key is not None and self._held_by(key, worker):
+                self.errors[key] = error
+                self.claims[key] = (None, retry_in)
+                failed += 1
+        assert self.store.fail(worker, items, error=error, retry_in=retry_in) == failed
+
+    @precondition(lambda self: self.claims)
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        retry_in=st.sampled_from(RETRIES),
+        data=st.data(),
+    )
+    def fail(self, worker: str, retry_in: float, data: st.DataObject) -> None:
+        self._fail(worker, self._claimed(data), retry_in)
+
+    @rule(
+        kind=st.sampled_from(list(KINDS)),
+        worker=st.sampled_from(WORKERS),
+        max_attempts=st.integers(1, 3),
+        rounds=st.integers(1, 4),
+    )
+    def retry_at_once(self, kind: str, worker: str, max_attempts: int, rounds: int) -> None:
+        """A relay whose handler always fails and retries at once: each round claims what it
+        can and fails it, until the rows are dead letters (the chain the rules above make
+        only now and then)."""
+        for _ in range(rounds):
+            got: list[RelayItem]
+            if kind == "outbox":
+                got = [*self._claim_outbox(worker, 3, LEASES[0], max_attempts)]
+            elif kind == "spawn":
+                got = [*self._claim_spawns(worker, 3, LEASES[0], max_attempts)]
+            else:
+                got = [*self._claim_due_timers(worker, LATE, 3, LEASES[0], max_attempts)]
+            self._fail(worker, got, 0.0)
+
+    @precondition(lambda self: self.claims)
+    @rule(worker=st.sampled_from(WORKERS), lease=st.sampled_from(LEASES), data=st.data())
+    def extend(self, worker: str, lease: float, data: st.DataObject) -> None:
+        items = self._claimed(data)
+        held = [item for item in items if (k := self._row(item)) and self._held_by(k, worker)]
+        assert self.store.extend(worker, items, lease=lease) == held
+        for item in held:
+            self.claims[key_of(item)] = (worker, lease)
+
+    @precondition(lambda self: self.outbox or self.spawns or self.timers)
+    @rule(data=st.data())
+    def revive(self, data: st.DataObject) -> None:
+        """Rows (dead or live, held or not): attempts 0, no claim, live; their last error
+        kept. Returns how many rows (a duplicate counts once)."""
+        dead = [self._item(k) for k in self._keys() if k in self.dead]
+        items = self._items(data)
+        if dead:
+            some = data.draw(st.lists(st.sampled_from(dead), max_size=2))
+            items = data.draw(st.permutations(some + items))
+        rows = {key for item in items if (key := self._row(item)) is not None}
+        for key in rows:
+            self.attempts.pop(key, None)
+            self.claims.pop(key, None)
+            self.dead.pop(key, None)
+        assert self.store.revive(items) == len(rows)
+
+    @rule(seconds=st.sampled_from([50.0, 1_000.0, 10_000.0]))
     def elapse(self, seconds: float) -> None:
         """The clock moves on by ``seconds``: every lease's end moves back as much."""
         db = raw(self.store)
         for table in ("harel_outbox", "harel_spawns", "harel_timers"):
             db.execute(f"UPDATE {table} SET claimed_until = claimed_until - ?", (seconds,))
         db.commit()
-        self.leases = {k: left - seconds for k, left in self.leases.items()}
+        self.claims = {k: (by, left - seconds) for k, (by, left) in self.claims.items()}
+
+    # --- the invariants ---
 
     @invariant()
     def agrees(self) -> None:
@@ -267,27 +594,19 @@ class StoreModel(RuleBasedStateMachine):
                 assert got is None
             assert s.read_trace(eid) == [{**e, "index": i} for i, e in self.trace.get(eid, [])]
         assert s.ids_with_prefix("") == sorted(self.exes)
+        live_outbox = [seq for seq in sorted(self.outbox) if self._live(("outbox", seq))]
         assert [(o.seq, o.target_id, o.event.id) for o in s.pending_outbox()] == [
-            (seq, *v) for seq, v in sorted(self.outbox.items())
+            (seq, *self.outbox[seq]) for seq in live_outbox
         ]
         assert [(p.seq, p.parent_id, p.child_id) for p in s.pending_spawns()] == [
-            (seq, *v) for seq, v in sorted(self.spawns.items())
+            (seq, *v) for seq, v in sorted(self.spawns.items()) if self._live(("spawn", seq))
         ]
-        assert sorted(s.due_timers(FAR)) == sorted((e, p, at) for (e, p), at in self.timers.items())
+        live_timers = {k: at for k, at in self.timers.items() if self._live(("timer", *k))}
+        assert sorted(s.due_timers(FAR)) == sorted((e, p, at) for (e, p), at in live_timers.items())
         for n in range(1, self.counter + 1):
             for eid in IDS:
                 assert s.is_processed(eid, f"in{n}") == ((eid, f"in{n}") in self.processed)
-        stats = s.stats(FAR)
-        held = [k[0] for k, left in self.leases.items() if left > 0]
-        assert (stats.claimed_outbox, stats.claimed_spawns, stats.claimed_timers) == (
-            held.count("outbox"),
-            held.count("spawn"),
-            held.count("timer"),
-        )
-        assert [o.seq for o in s.pending_outbox(limit=2)] == sorted(self.outbox)[:2]
-        assert [(o.seq, o.source_id) for o in s.outbox_view(limit=1000)] == [
-            (seq, self.sources[seq]) for seq in sorted(self.outbox)
-        ]
+        assert [o.seq for o in s.pending_outbox(limit=2)] == live_outbox[:2]
         # Newest first is (updated_at, id) descending, and updated_at follows the writes.
         newest = s.list_executions(newest_first=True, limit=1000).items
         keys = [(x.updated_at, x.id) for x in newest]
@@ -297,10 +616,93 @@ class StoreModel(RuleBasedStateMachine):
         times = [at[e] for e in self.written if e in at]
         assert times == sorted(times)
 
+    def _meta(self, key: Key) -> tuple[Any, ...]:
+        """A row's claim and attempts as an operator view shows them (see `claim`)."""
+        holder, left = self.claims.get(key, (None, None))
+        return (holder, left is not None, self.attempts.get(key, 0), self.errors.get(key))
 
+    def _letter(self, key: Key) -> tuple[Any, ...]:
+        """A dead row as `letter` gives it."""
+        item = (key[1], *self.outbox[key[1]]) if key[0] == "outbox" else tuple(self._item(key))
+        return (key[0], item, self.attempts.get(key, 0), self.errors.get(key))
+
+    def _dead_at(self) -> dict[Key, float]:
+        """When each dead letter died (not in the API: read as `elapse` writes)."""
+        db = raw(self.store)
+        at = {}
+        for kind, table in (("outbox", "harel_outbox"), ("spawn", "harel_spawns")):
+            query = f"SELECT -seq, dead_at FROM {table} WHERE dead_at IS NOT NULL"
+            at.update({(kind, seq): t for seq, t in db.execute(query).fetchall()})
+        query = "SELECT execution_id, path, dead_at FROM harel_timers WHERE dead_at IS NOT NULL"
+        at.update({("timer", e, p): t for e, p, t in db.execute(query).fetchall()})
+        return at
+
+    @invariant()
+    def queues_agree(self) -> None:
+        s = self.store
+        live = [k for k in self._keys() if self._live(k)]
+        stats = s.stats(FAR)
+        # A failed row waiting out its retry is held by nobody: not claimed.
+        held = [k[0] for k, (by, left) in self.claims.items() if by is not None and left > 0]
+        dead = [k[0] for k in self.dead]
+        pending = [k[0] for k in live]
+        assert (stats.claimed_outbox, stats.claimed_spawns, stats.claimed_timers) == (
+            held.count("outbox"),
+            held.count("spawn"),
+            held.count("timer"),
+        )
+        assert (stats.dead_outbox, stats.dead_spawns, stats.dead_timers) == (
+            dead.count("outbox"),
+            dead.count("spawn"),
+            dead.count("timer"),
+        )
+        assert (stats.pending_outbox, stats.pending_spawns, stats.timers_due) == (
+            pending.count("outbox"),
+            pending.count("spawn"),
+            pending.count("timer"),
+        )
+        # The operator views: live rows only, each with its claim, attempts and last error.
+        assert [(o.seq, o.source_id, *claim(o)) for o in s.outbox_view(limit=1000)] == [
+            (k[1], self.sources[k[1]], *self._meta(k)) for k in live if k[0] == "outbox"
+        ]
+        assert [(p.seq, *claim(p)) for p in s.spawns_view(limit=1000)] == [
+            (k[1], *self._meta(k)) for k in live if k[0] == "spawn"
+        ]
+        timers = sorted((self.timers[k[1:]], *k[1:]) for k in live if k[0] == "timer")
+        assert [(t.fire_at, t.execution_id, t.path, *claim(t)) for t in s.timers_view()] == [
+            (at, e, p, *self._meta(("timer", e, p))) for at, e, p in timers
+        ]
+        for eid in IDS:
+            assert s.timers_of(eid) == [(p, at) for at, e, p in timers if e == eid]
+        # The dead letters: exactly the model's, each as it was when it died.
+        letters = s.dead_letters(limit=1000)
+        assert sorted(letter(d) for d in letters) == sorted(self._letter(k) for k in self.dead)
+        assert len(letters) == len(self.dead)
+        if letters:
+            # In the order they died, ties broken by kind, then key; the time (the database's
+            # clock, in ms) one per claim, and no earlier for a later claim.
+            at = self._dead_at()
+            assert sorted(at) == sorted(self.dead)
+            assert letters == sorted(
+                letters, key=lambda d: (at[key_of(d.item)], KINDS[d.kind], key_of(d.item)[1:])
+            )
+            deaths = sorted((self.dead[k], at[k]) for k in self.dead)  # (claim, time)
+            assert [t for _, t in deaths] == sorted(t for _, t in deaths)
+            assert len({c for c, _ in deaths}) == len(set(deaths))
+        assert s.dead_letters(limit=2) == letters[:2]
+        for kind in KINDS:
+            assert s.dead_letters(kind=kind, limit=1000) == [d for d in letters if d.kind == kind]
+        for d in letters:
+            assert s.dead_letter(d.kind, named(key_of(d.item))) == d
+        for k in live[:1]:
+            assert s.dead_letter(k[0], named(k)) is None
+
+
+# As many steps as 150 runs of 40, in runs long enough for the relays' chains (claim, the
+# lease runs out or the holder fails, claim again at max_attempts: a dead letter, revived).
 SETTINGS = settings(
-    max_examples=150,
-    stateful_step_count=40,
+    max_examples=100,
+    stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

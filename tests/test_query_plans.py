@@ -34,6 +34,7 @@ HOT = {
     "list_oldest", "mark_dead_outbox", "mark_dead_spawns", "mark_dead_timers", "ack_spawns",
     "fail_outbox", "fail_spawns", "fail_timer", "extend_outbox", "extend_spawns",
     "extend_timer", "revive_outbox", "revive_spawns", "revive_timer", "dead_letters",
+    "release_outbox", "release_spawns", "release_timer", "attempts_of",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
 # and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it

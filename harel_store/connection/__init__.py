@@ -40,6 +40,7 @@ class Connection(Protocol):
     """What the store needs of a database, wherever it lives."""
 
     where: str  # the database as shown in messages: never a secret
+    key: str  # what tells the database apart in this process (harel_store.wakeup)
 
     def execute(self, request: Request) -> Any:
         """A read's result, or a batch's step results; raises StoreError (OutcomeUnknown

@@ -175,6 +175,7 @@ class HranaConnection:
             raise ValueError(f"not an http(s) URL: {where}")
         self.url = str(parts.copy_with(username=None, password=None, query=None))
         self.where = where
+        self.key = self.url  # what tells this database apart in the process: no secret
         self._endpoint = self.url.rstrip("/") + "/v3/pipeline"
         self._secrets = (auth_token,) if auth_token else ()
         self._plain_hint = ""

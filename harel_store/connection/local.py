@@ -51,6 +51,9 @@ class LocalConnection:
     ) -> None:
         self.db = db
         self.where = where
+        # What tells this database apart in the process (harel_store.wakeup): its file, or
+        # this very connection for an in-memory one.
+        self.key = f":memory:{id(self)}" if where == ":memory:" else os.path.realpath(where)
         self._replica = replica  # a libsql embedded replica: sync() pulls from its primary
         self._secrets = secrets
         self._lock = threading.RLock()

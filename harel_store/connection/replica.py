@@ -21,6 +21,7 @@ from harel_store.errors import StoreError, is_driver_error, translate
 class ReplicaConnection:
     def __init__(self, local: LocalConnection, primary: HranaConnection) -> None:
         self.where = f"{local.where} (replica of {primary.where})"
+        self.key = primary.key  # its writes land on the primary
         self._local = local
         self._primary = primary
         self._behind = False  # a write of ours landed that the local file may not hold yet
