@@ -25,6 +25,7 @@ from harel_store.models import (
     SpawnEntry,
     TimerOp,
 )
+from harel_store.relay import AsyncRelay, Relay
 from harel_store.sql import HEAD
 from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, SqliteStore
 
@@ -35,6 +36,7 @@ __all__ = [
     "HEAD",
     "ArmedTimer",
     "AsyncLibsqlStore",
+    "AsyncRelay",
     "DeadLetter",
     "DefinitionRecord",
     "DueTimer",
@@ -47,6 +49,7 @@ __all__ = [
     "OutcomeUnknown",
     "PendingOutbox",
     "PendingSpawn",
+    "Relay",
     "SchemaError",
     "SpawnEntry",
     "SqliteStore",

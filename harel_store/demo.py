@@ -1,8 +1,9 @@
 """The quick-start job: an order workflow driven through the store, printed as it goes.
 
-An order forks into two child executions (payment, shipping) through the spawn relay; the
-children report back through the outbox; a reminder timer fires; the parent joins and
-finishes. Every step is one ``commit`` with a trace entry, as an engine would write it.
+An order forks into two child executions (payment, shipping) through the spawn relay; a
+reminder timer fires; the children report back through the outbox; the parent joins and
+finishes. Every step is one ``commit`` with a trace entry, as an engine would write it, and
+the relays run as an engine runs them: rounds of a `Relay`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,17 @@ import time
 import uuid
 from typing import Any, TextIO
 
-from harel_store.models import DefinitionRecord, Event, Execution, TimerOp
+from harel_store.errors import StoreConflict
+from harel_store.models import (
+    DefinitionRecord,
+    DueTimer,
+    Event,
+    Execution,
+    OutboxEntry,
+    SpawnEntry,
+    TimerOp,
+)
+from harel_store.relay import Relay
 from harel_store.store import Store
 
 ORDER_MACHINE: dict[str, Any] = {
@@ -72,9 +83,9 @@ def run(store: Store, out: TextIO) -> str:
     )
     say(f"{order.id}: place -> placed (v{order.version}), forked 2 children, timer armed")
 
-    # The spawn relay: each child is created and its spawn consumed in one commit (the
-    # child's insert CAS: a spawn delivered twice conflicts and creates nothing twice).
-    for spawn in store.claim_spawns("demo-relay"):
+    # The relays, as an engine runs them: one Relay, a handler per kind, each consuming its
+    # item in the commit that handles it (acks=), so a repeat after a lost lease is harmless.
+    def create_child(spawn: SpawnEntry) -> None:  # the child's insert CAS, and the spawn
         child = Execution(
             id=spawn.child_id,
             definition_id="order",
@@ -82,26 +93,16 @@ def run(store: Store, out: TextIO) -> str:
             active_path=spawn.root_path,
             context=spawn.context,
         )
-        store.commit(child, [], acks=(spawn,))
+        try:
+            store.commit(child, [], acks=(spawn,))
+        except StoreConflict:  # created before: the round's ack consumes the spawn
+            return
         say(f"spawn relay: created {child.id}")
 
-    for child_id, done in ((f"{order.id}.payment", "paid"), (f"{order.id}.shipping", "shipped")):
-        member = store.load(child_id)
-        assert member is not None
-        member.status, member.outcome, member.finished_at = "finished", done, time.time()
-        seqs = store.commit(
-            member,
-            [(order.id, Event(name=done, payload={"from": child_id}))],
-            trace=_step("work", member.active_path or "", "done"),
-        )
-        say(f"{child_id}: finished ({done}), emitted outbox #{seqs[0]} to the parent")
-
-    time.sleep(0.35)
-    # The timer sweep: a firing is handled once (its event_id is the dedupe marker) and the
-    # timer consumed in the same commit.
-    for timer in store.claim_due_timers("demo-relay", time.time()):
+    def fire(timer: DueTimer) -> None:  # the firing's event_id is its dedupe marker
         exe, seen = store.load_for_event(timer.execution_id, timer.event_id)
-        assert exe is not None and not seen
+        if exe is None or seen:
+            return
         store.commit(
             exe,
             [],
@@ -111,19 +112,15 @@ def run(store: Store, out: TextIO) -> str:
         )
         say(f"timer {timer.path} fired for {timer.execution_id}")
 
-    # The outbox relay: each event is delivered and its entry consumed in the target's
-    # commit, with the event's id as the dedupe marker; entries with no target are published
-    # and acked together, in one transaction.
     joined: list[str] = []
-    published = []
-    for entry in store.claim_outbox("demo-relay"):
-        if entry.target_id is None:
-            published.append(entry)
-            continue
+
+    def deliver(entry: OutboxEntry) -> None:  # the event's id is its dedupe marker
+        if entry.target_id is None:  # no target: published (the round's ack consumes it)
+            say(f"outbox relay: published #{entry.seq} {entry.event.name} {entry.event.payload}")
+            return
         exe, seen = store.load_for_event(entry.target_id, entry.event.id)
-        if exe is None or seen:  # nothing to deliver to, or delivered before: consume it
-            store.ack([entry])
-            continue
+        if exe is None or seen:
+            return
         joined.append(entry.event.name)
         emits: list[tuple[str | None, Event]] = []
         if len(joined) == 2:  # the join: both regions are done
@@ -138,10 +135,26 @@ def run(store: Store, out: TextIO) -> str:
             acks=(entry,),
         )
         say(f"outbox relay: delivered #{entry.seq} {entry.event.name} to {entry.target_id}")
-    published += store.claim_outbox("demo-relay")
-    for entry in published:
-        say(f"outbox relay: published #{entry.seq} {entry.event.name} {entry.event.payload}")
-    store.ack(published)
+
+    relay = Relay(store, "demo-relay", on_outbox=deliver, on_spawn=create_child, on_timer=fire)
+    relay.run_once()  # the two spawns (the reminder is not due yet)
+
+    time.sleep(0.35)
+    relay.run_once()  # the reminder
+
+    for child_id, done in ((f"{order.id}.payment", "paid"), (f"{order.id}.shipping", "shipped")):
+        member = store.load(child_id)
+        assert member is not None
+        member.status, member.outcome, member.finished_at = "finished", done, time.time()
+        seqs = store.commit(
+            member,
+            [(order.id, Event(name=done, payload={"from": child_id}))],
+            trace=_step("work", member.active_path or "", "done"),
+        )
+        say(f"{child_id}: finished ({done}), emitted outbox #{seqs[0]} to the parent")
+
+    while relay.run_once():  # the children's events, then the order's completion
+        pass
 
     say(f"trace of {order.id}:")
     for step in store.read_trace(order.id):

@@ -17,6 +17,10 @@ Each round claims up to ``--limit`` entries (``--lease``, ``--max-attempts``) an
 waits to be killed after its Nth delivery. It stops after three rounds in a row that found
 nothing pending (exit 0; entries under another worker's lease are waited for), or at
 ``--deadline`` seconds (exit 4).
+
+With ``--relay`` the rounds are `harel_store.Relay.run_once` calls, the same handler its
+``on_outbox`` (claims, acks, backoff and releases are then the relay's own; its backoff is
+none, so a failed entry is retried at once).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import sys
 import time
 
-from harel_store import LibsqlStore, OutboxEntry, StoreConflict
+from harel_store import LibsqlStore, OutboxEntry, Relay, StoreConflict
 from harel_store.connection import is_remote
 from harel_store.store import Store
 from tests.workers.common import open_store
@@ -45,6 +49,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-attempts", type=int)
     parser.add_argument("--hang-after", type=int)
     parser.add_argument("--deadline", type=float, default=90.0)
+    parser.add_argument("--relay", action="store_true", help="rounds of harel_store.Relay")
     return parser.parse_args(argv)
 
 
@@ -71,29 +76,49 @@ def main() -> None:
     else:
         store = open_store(args.driver, args.db)
     deadline = time.monotonic() + args.deadline
-    delivered = idle = 0
+    delivered = 0
+
+    def handle(entry: OutboxEntry) -> None:
+        nonlocal delivered
+        if entry.event.name == "poison":
+            print("poisoned", entry.seq, flush=True)
+            os._exit(3)
+        print(deliver(store, entry), entry.seq, flush=True)
+        delivered += 1
+        if delivered == args.hang_after:
+            while True:  # until the test's SIGKILL
+                time.sleep(60)
+
+    def by_hand() -> int:
+        entries = store.claim_outbox(
+            args.worker, limit=args.limit, lease=args.lease, max_attempts=args.max_attempts
+        )
+        if entries:
+            print("claimed", ",".join(str(e.seq) for e in entries), flush=True)
+        for entry in entries:
+            handle(entry)
+        return len(entries)
+
+    relay = Relay(
+        store,
+        args.worker,
+        on_outbox=handle,
+        batch=args.limit,
+        lease=args.lease,
+        max_attempts=args.max_attempts,
+        backoff=(0.0, 0.0),
+    )
+    round_ = relay.run_once if args.relay else by_hand
+    idle = 0
     while idle < IDLE_ROUNDS:
         if time.monotonic() > deadline:
             print(f"{args.worker}: deadline passed", file=sys.stderr)
             raise SystemExit(4)
-        entries = store.claim_outbox(
-            args.worker, limit=args.limit, lease=args.lease, max_attempts=args.max_attempts
-        )
-        if not entries:
-            idle = 0 if store.pending_outbox(limit=1) else idle + 1
-            time.sleep(IDLE_PAUSE)
+        if round_():
+            idle = 0
             continue
-        idle = 0
-        print("claimed", ",".join(str(e.seq) for e in entries), flush=True)
-        for entry in entries:
-            if entry.event.name == "poison":
-                print("poisoned", entry.seq, flush=True)
-                os._exit(3)
-            print(deliver(store, entry), entry.seq, flush=True)
-            delivered += 1
-            if delivered == args.hang_after:
-                while True:  # until the test's SIGKILL
-                    time.sleep(60)
+        idle = 0 if store.pending_outbox(limit=1) else idle + 1
+        time.sleep(IDLE_PAUSE)
     store.close()
     print("done", delivered, flush=True)
 

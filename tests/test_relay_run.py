@@ -1,0 +1,190 @@
+"""The relay runtime's loop: `Relay.run` in a thread of its own (stop from another thread,
+the wake-up on a commit of this process with a 30 s poll, a handler that outlives its
+lease, run again after stop, KeyboardInterrupt), and `AsyncRelay` on its event loop
+(concurrency bounded, run and stop), on the sync kinds of store and on both async ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from harel_store import AsyncLibsqlStore, AsyncRelay, Event, Execution, OutboxEntry, Relay
+from tests.test_relay_runtime import WAIT, seed
+
+SYNC_KINDS = ["libsql-file", "sqlite-file", "libsql-remote", "libsql-replica"]
+
+
+@pytest.fixture(params=SYNC_KINDS)
+def kind(request: pytest.FixtureRequest) -> str:  # overrides conftest's kind for these tests
+    return str(request.param)
+
+
+@pytest.fixture
+def running(open_store: Any) -> Iterator[tuple[Any, list[OutboxEntry], Callable[..., Relay]]]:
+    """A store, what its relay handled, and a function that starts one ``Relay.run`` in a
+    thread (stopped and joined at the end)."""
+    store = open_store()
+    handled: list[OutboxEntry] = []
+    started: list[tuple[Relay, threading.Thread]] = []
+
+    def start(**options: Any) -> Relay:
+        options.setdefault("on_outbox", handled.append)
+        relay = Relay(store, "w1", **options)
+        thread = threading.Thread(target=relay.run, daemon=True)
+        thread.start()
+        started.append((relay, thread))
+        return relay
+
+    yield store, handled, start
+    for relay, thread in started:
+        relay.stop()
+        thread.join(WAIT)
+        assert not thread.is_alive(), "run() did not return after stop()"
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.002)
+
+
+def test_an_idle_relay_wakes_on_a_commit_of_this_process(running: Any) -> None:
+    store, handled, start = running
+    store.save(Execution(id="target", definition_id="d"))
+    start(poll=30.0)
+    time.sleep(0.1)  # the relay's first round found nothing: it waits up to 30 s
+    source = Execution(id="source", definition_id="d")
+    for i in range(3):
+        store.commit(source, [("target", Event(name="go", id=f"ev-{i}"))])
+        until(lambda i=i: len(handled) == i + 1, f"event {i} delivered within {WAIT} s")
+    until(lambda: store.pending_outbox() == [], "every delivered entry acked")
+
+
+def test_stop_from_another_thread_ends_run(running: Any) -> None:
+    _, _, start = running
+    relay = start(poll=30.0)
+    time.sleep(0.1)
+    relay.stop()  # the fixture checks that run() returned
+
+
+def test_a_handler_that_outlives_its_lease_keeps_it(running: Any) -> None:
+    store, handled, start = running
+    seed(store)
+    stolen: list[OutboxEntry] = []
+
+    def slow(entry: OutboxEntry) -> None:
+        time.sleep(1.0)  # three leases of 0.3 s: renewed meanwhile, never handed out
+        stolen.extend(store.claim_outbox("w2"))
+        handled.append(entry)
+
+    start(on_outbox=slow, lease=0.3, poll=30.0)
+    until(lambda: len(handled) == 3, "the slow handler finished every entry")
+    until(lambda: store.pending_outbox() == [], "every entry acked")
+    assert stolen == []
+
+
+def test_run_again_after_stop(running: Any) -> None:
+    store, handled, _ = running
+    relay = Relay(store, "w1", on_outbox=handled.append, poll=30.0)
+    first = threading.Thread(target=relay.run, daemon=True)
+    first.start()
+    time.sleep(0.05)
+    relay.stop()
+    first.join(WAIT)
+    assert not first.is_alive()
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    store.save(Execution(id="target", definition_id="d"))
+    store.commit(Execution(id="source", definition_id="d"), [("target", Event(name="go"))])
+    until(lambda: len(handled) == 1, "delivered by the second run()")
+    relay.stop()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+
+
+# --- AsyncRelay: concurrency and run() on its loop ---
+
+
+@pytest.mark.parametrize("where", ["file", "remote"])
+def test_async_relay_keeps_at_most_concurrency_handlers_in_flight(
+    where: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    options: dict[str, Any] = {}
+    database: Any = tmp_path / "a.db"
+    if where == "remote":
+        from tests.conftest import reset_remote
+
+        server = request.getfixturevalue("sqld")
+        reset_remote(server)
+        database, options = server.url, {"auth_token": server.token}
+
+    async def main() -> None:
+        store = await AsyncLibsqlStore.create(database, **options)
+        try:
+            await store.save(Execution(id="target", definition_id="d"))
+            events = [("target", Event(name="go", id=f"ev-{i}")) for i in range(40)]
+            await store.commit(Execution(id="source", definition_id="d"), events)
+            in_flight = peak = 0
+            done: list[str] = []
+
+            async def handle(entry: OutboxEntry) -> None:
+                nonlocal in_flight, peak
+                in_flight += 1
+                peak = max(peak, in_flight)
+                await asyncio.sleep(0.01)
+                in_flight -= 1
+                if entry.event.id == "ev-7":
+                    raise RuntimeError("boom")
+                done.append(entry.event.id)
+
+            relay = AsyncRelay(store, "w1", on_outbox=handle, concurrency=4, batch=25)
+            assert await relay.run_once() == 25
+            assert await relay.run_once() == 15
+            assert peak == 4
+            assert sorted(done) == sorted(f"ev-{i}" for i in range(40) if i != 7)
+            (failed,) = await store.outbox_view()
+            assert (failed.event.id, failed.last_error) == ("ev-7", "RuntimeError: boom")
+
+            # run() wakes on a commit of this process and returns after stop().
+            second = AsyncRelay(store, "w2", on_outbox=handle, poll=30)
+            runner = asyncio.ensure_future(second.run())
+            await asyncio.sleep(0.05)
+            await store.commit(
+                Execution(id="late", definition_id="d"), [("target", Event(name="go", id="late"))]
+            )
+            deadline = time.monotonic() + WAIT
+            while "late" not in done:
+                assert time.monotonic() < deadline, "the async relay never woke"
+                await asyncio.sleep(0.002)
+            assert not runner.done()
+            second.stop()
+            await asyncio.wait_for(runner, WAIT)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_keyboard_interrupt_ends_the_round_and_releases_the_rest(open_store: Any) -> None:
+    store = open_store()
+    seed(store)
+
+    def handle(entry: OutboxEntry) -> None:
+        if entry.event.id == "ev-1":
+            raise KeyboardInterrupt
+
+    relay = Relay(store, "w1", on_outbox=handle)
+    with pytest.raises(KeyboardInterrupt):
+        relay.run_once()
+    # ev-0 returned (acked); ev-1 and ev-2 were not handled: released, no attempt counted.
+    assert [(e.event.id, e.attempts, e.claimed_by) for e in store.outbox_view()] == [
+        ("ev-1", 0, None),
+        ("ev-2", 0, None),
+    ]
