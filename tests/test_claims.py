@@ -26,13 +26,18 @@ def seed(store: Any, n: int) -> None:
         )
 
 
-def elapse(store: Any, seconds: float) -> None:
-    """Every lease runs ``seconds`` further towards its end."""
+def move_back(store: Any, column: str, seconds: float) -> None:
+    """A time the database's clock wrote in every relay table, ``seconds`` earlier."""
     db = raw(store)
     for table in ("harel_outbox", "harel_spawns", "harel_timers"):
-        db.execute(f"UPDATE {table} SET claimed_until = claimed_until - {seconds}")
+        db.execute(f"UPDATE {table} SET {column} = {column} - {seconds}")
     db.commit()
     store.sync()
+
+
+def elapse(store: Any, seconds: float) -> None:
+    """Every lease runs ``seconds`` further towards its end."""
+    move_back(store, "claimed_until", seconds)
 
 
 def test_bounded_reads_give_the_oldest_first(store: Any) -> None:

@@ -28,8 +28,7 @@ from harel_store import (
     TimerOp,
 )
 from harel_store.checks import MAX_ERROR
-from tests.helpers import raw
-from tests.test_claims import elapse
+from tests.test_claims import elapse, move_back
 from tests.test_contract import snapshot
 
 
@@ -348,11 +347,7 @@ def test_purge_removes_the_dead_letters_an_execution_owns(store: Any) -> None:
 def age_the_dead(store: Any) -> None:
     """The dead letters so far died a second earlier (the database's clock counts in
     milliseconds: two claims may share one)."""
-    db = raw(store)
-    for table in ("harel_outbox", "harel_spawns", "harel_timers"):
-        db.execute(f"UPDATE {table} SET dead_at = dead_at - 1 WHERE dead_at IS NOT NULL")
-    db.commit()
-    store.sync()
+    move_back(store, "dead_at", 1.0)
 
 
 def test_dead_letters_come_oldest_first_in_the_order_they_died(store: Any) -> None:
