@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from harel_store.batch import Batch
 from harel_store.checks import check_finite, check_id, check_int, loads_dict, stored
@@ -29,6 +29,7 @@ from harel_store.models import (
 # Failures and dead letters are the relays' news: a logger of their own.
 relay_log = logging.getLogger("harel_store.relay")
 log = logging.getLogger("harel_store")
+E = TypeVar("E")
 
 # Per kind: the table's name in statement names (ack_outbox, claim_spawns, ...), and the
 # `DeadLetter.kind`.
@@ -162,7 +163,9 @@ def dead_letter(row: Sequence[Any]) -> DeadLetter:
 CLAIMED = "left claimed and skipped: ack it once dealt with"
 
 
-def decoded(rows: Iterable[Sequence[Any]], decode: Any, then: str = CLAIMED) -> list[Any]:
+def decoded(
+    rows: Iterable[Sequence[Any]], decode: Callable[[Sequence[Any]], E], then: str = CLAIMED
+) -> list[E]:
     """Rows each decoded on its own: a corrupt one is logged (with what ``then`` happens to
     it) and skipped, so it does not stop a relay for every worker, or an operator's view. A
     claimed one is left to its lease (an operator acks or purges it)."""
