@@ -31,13 +31,13 @@ relay_log = logging.getLogger("harel_store.relay")
 log = logging.getLogger("harel_store")
 E = TypeVar("E")
 
-# Per kind: the table's name in statement names (ack_outbox, claim_spawns, ...), and the
-# `DeadLetter.kind`.
+# Each kind's part of its statements' names (ack_outbox, fail_spawns, fail_timer, ...).
 OUTBOX, SPAWNS, TIMERS = "outbox", "spawns", "timer"
 
 
 class Items(NamedTuple):
-    """Items checked and sorted by kind, in the order given (duplicates kept)."""
+    """Items checked and sorted by kind: all of them in the order given (``given``), the
+    seqs and the timer keys to send (a timer given twice sent once)."""
 
     given: list[RelayItem]
     outbox: list[int]
