@@ -11,9 +11,14 @@ from typing import Any
 import pytest
 
 from harel_store import AsyncLibsqlStore, LibsqlStore, SqliteStore
+from harel_store.connection.local import import_libsql
 from tests.helpers import SyncFacade
 
 Opener = Callable[..., Any]
+
+# Before any test module imports libsql itself: its Rust log stays off (a replica's background
+# sync logs its handshakes otherwise), as the store arranges for its own import.
+import_libsql()
 
 
 def _async_opener(loop: asyncio.AbstractEventLoop) -> Opener:
