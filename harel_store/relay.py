@@ -117,33 +117,26 @@ class _Round:
         return [i for i in self.claimed if id(i) not in reached and id(i) not in self.lost]
 
 
-def _log_failures(options: _Options[Any], failed: list[tuple[RelayItem, str, int, float]]) -> None:
-    for item, error, attempts, retry in failed:
-        limit = options.max_attempts
-        then = (
-            "a dead letter at its next claim"
-            if limit is not None and attempts >= limit
-            else f"retry in {retry:g} s"
-        )
-        of = "" if limit is None else f" of {limit}"
-        log.warning(
-            "%s failed on attempt %d%s: %s; %s", queues.describe(item), attempts, of, error, then
-        )
-
-
 def _retries(
     options: _Options[Any], failed: list[tuple[RelayItem, str]], attempts: list[int]
 ) -> dict[tuple[str, float], list[RelayItem]]:
-    """The failed items grouped by (error, retry_in), for one `fail` each; logged."""
+    """The failed items grouped by (error, retry_in), for one `fail` each; each logged."""
     groups: dict[tuple[str, float], list[RelayItem]] = {}
-    shown = []
+    limit = options.max_attempts
     for (item, error), count in zip(failed, attempts, strict=True):
         if count < 1:  # gone meanwhile (consumed, purged): nothing to fail
             continue
         retry = options.retry_in(count)
         groups.setdefault((error, retry), []).append(item)
-        shown.append((item, error, count, retry))
-    _log_failures(options, shown)
+        last = limit is not None and count >= limit
+        log.warning(
+            "%s failed on attempt %d%s: %s; %s",
+            queues.describe(item),
+            count,
+            "" if limit is None else f" of {limit}",
+            error,
+            "a dead letter at its next claim" if last else f"retry in {retry:g} s",
+        )
     return groups
 
 
