@@ -144,6 +144,7 @@ SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
             "migrations/0002_hot_read_indexes.up.sql",
             "migrations/0004_claims.up.sql",
             "migrations/0005_times.up.sql",
+            "migrations/0006_dead_letters.up.sql",
         ),
         "update_execution",
     ),
