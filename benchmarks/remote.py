@@ -219,7 +219,8 @@ def bare_committer(conn: Any, eid: str, read: bool = False) -> Callable[[], None
             bare(conn, "insert_execution", eid, exe.definition_id, data, n, *summary)
         elif bare(conn, "update_execution", eid, data, n, old, *summary).rowcount != 1:
             raise AssertionError(f"the CAS of {eid} failed")
-        bare(conn, "insert_outbox", None, Event(name="tick", id=f"{eid}-out-{n}").model_dump_json())
+        event = Event(name="tick", id=f"{eid}-out-{n}").model_dump_json()
+        bare(conn, "insert_outbox", None, eid, event)  # target, source, event
         bare(conn, "mark_processed", eid, f"{eid}-in-{n}")
         bare(conn, "schedule_timer", eid, "t", float(n))
         (idx,) = bare(conn, "append_trace", eid, json.dumps({"n": n})).fetchone()
