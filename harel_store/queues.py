@@ -116,12 +116,8 @@ def held_items(items: Items, steps: list[int], results: Sequence[Any]) -> list[R
 def attempts(items: Items, rows: Iterable[Sequence[Any]]) -> list[int]:
     """Each given item's attempts from the attempts_of query's rows (0: not found, or a
     timer at another fire_at now)."""
-    found = {(kind, (a, b, float(at)) if kind == "timer" else a): n for kind, a, b, at, n in rows}
-    counts = []
-    for item in items.given:
-        kind, key = _key(item)
-        counts.append(found.get(("spawn" if kind == SPAWNS else kind, key), 0))
-    return counts
+    found = {(kind, (a, b, float(at)) if kind == TIMERS else a): n for kind, a, b, at, n in rows}
+    return [found.get(_key(item), 0) for item in items.given]
 
 
 def _key(item: RelayItem) -> tuple[str, Any]:

@@ -608,10 +608,11 @@ WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
 -- The attempts of items, live or dead, in one read: the outbox entries and the spawns whose
 -- seqs are in the JSON arrays ?1 and ?2, the timers whose [execution_id, path] are in ?3
 -- (their fire_at comes back, for the store to match: no float is read from JSON text).
+-- The first column names the kind as the statements do (outbox, spawns, timer).
 SELECT 'outbox', abs(seq), NULL, NULL, attempts FROM harel_outbox
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1))
 UNION ALL
-SELECT 'spawn', abs(seq), NULL, NULL, attempts FROM harel_spawns
+SELECT 'spawns', abs(seq), NULL, NULL, attempts FROM harel_spawns
 WHERE seq IN (SELECT value FROM json_each(?2) UNION ALL SELECT -value FROM json_each(?2))
 UNION ALL
 SELECT 'timer', execution_id, path, fire_at, attempts FROM harel_timers
