@@ -415,3 +415,13 @@ def test_extend_renews_only_the_leases_its_worker_still_holds(store: Any) -> Non
     elapse(store, 50.0)
     assert store.extend("w1", [first], lease=100.0) == []  # lost: the lease ran out
     assert claimed(store, "w2") == [first, spawn, t1, t2]
+
+
+def test_attempts_of_reads_each_items_claims_in_one_read(store: Any) -> None:
+    seed(store)
+    first, second, spawn, t1, t2 = claimed(store, lease=10.0)
+    elapse(store, 10.0)
+    claimed(store, "w2", limit=1)  # the first of each kind claimed again
+    gone = [OutboxEntry(99, "target", Event(name="x")), DueTimer("source", "t1", 9.0)]
+    assert store.attempts_of([t2, first, spawn, second, t1, *gone]) == [1, 2, 2, 1, 2, 0, 0]
+    assert store.attempts_of([]) == []
