@@ -111,10 +111,19 @@ class _Round:
     def handled(self) -> int:
         return len(self.done) + len(self.failed)
 
+    def held(self) -> list[RelayItem]:
+        """What the keeper renews: every item claimed that it has not lost."""
+        return [i for i in self.claimed if id(i) not in self.lost]
+
+    def renewed(self, renew: Sequence[RelayItem], held: Sequence[RelayItem]) -> None:
+        """Of ``renew``, what `extend` did not return (``held``) is lost: not ours now."""
+        kept = {id(i) for i in held}
+        self.lost |= {id(i) for i in renew if id(i) not in kept}
+
     def left(self) -> list[RelayItem]:
         """Claimed, not handled, still ours: to release."""
         reached = {id(item) for item in self.done} | {id(item) for item, _ in self.failed}
-        return [i for i in self.claimed if id(i) not in reached and id(i) not in self.lost]
+        return [i for i in self.held() if id(i) not in reached]
 
 
 def _retries(
@@ -259,16 +268,13 @@ class Relay:
 
         def keep() -> None:
             while not ended.wait(self._o.lease / 3):
-                renew = [i for i in outcome.claimed if id(i) not in outcome.lost]
+                renew = outcome.held()
                 try:
-                    held = {
-                        id(i)
-                        for i in self._store.extend(self._o.worker, renew, lease=self._o.lease)
-                    }
+                    held = self._store.extend(self._o.worker, renew, lease=self._o.lease)
                 except Exception as exc:  # the round goes on; the next renewal may succeed
                     log.warning("could not renew the leases of %s: %s", self._o.worker, exc)
                     continue
-                outcome.lost |= {id(i) for i in renew if id(i) not in held}
+                outcome.renewed(renew, held)
 
         keeper = threading.Thread(
             target=keep, name=f"harel-relay-keeper-{self._o.worker}", daemon=True
@@ -402,13 +408,10 @@ class AsyncRelay:
     async def _keep(self, outcome: _Round) -> None:
         while True:
             await asyncio.sleep(self._o.lease / 3)
-            renew = [i for i in outcome.claimed if id(i) not in outcome.lost]
+            renew = outcome.held()
             try:
-                held = {
-                    id(i)
-                    for i in await self._store.extend(self._o.worker, renew, lease=self._o.lease)
-                }
-            except Exception as exc:
+                held = await self._store.extend(self._o.worker, renew, lease=self._o.lease)
+            except Exception as exc:  # the round goes on; the next renewal may succeed
                 log.warning("could not renew the leases of %s: %s", self._o.worker, exc)
                 continue
-            outcome.lost |= {id(i) for i in renew if id(i) not in held}
+            outcome.renewed(renew, held)
