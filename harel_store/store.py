@@ -11,7 +11,6 @@ remote primary.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import threading
 from collections.abc import Iterable, Sequence
@@ -77,8 +76,6 @@ ABOVE_ALL = b""
 BELOW_ALL_TIMES = -sys.float_info.max
 
 T = TypeVar("T")
-E = TypeVar("E")
-log = logging.getLogger("harel_store")
 
 
 def _limit(limit: object) -> int:
