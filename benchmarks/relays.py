@@ -53,15 +53,13 @@ across.
    four shapes taking turns three times, each keeping its fastest run (the median fsync of
    the file system beside them: FULL's cost, which the one write an event less saves).
    (b) sqld behind the 20 ms link: the AsyncRelay over the hand-written sync loop (given
-   fewer events: it is ~15x slower); beside it the most that ratio can be under the
-   store's cap of ``WRITES_IN_FLIGHT`` (4) write batches in flight (an event is one commit:
-   4 a request's time, the request timed by the hand-written loop), the AsyncRelay's share
-   of that bound, and the client CPU a request. (c) Wake-up: an idle relay with
-   ``poll=30`` on a local file, ``Relay.run()`` in a thread (and then ``AsyncRelay.run()``
-   as a task of this loop, sharing its store with the committing task); one emit to an
-   existing target committed at a time, 20 ms after the last handler started, timed from
-   before the ``commit`` call to the handler's start (p50, p99; the commit call's own time
-   in the JSON). (d) Idle CPU: ``Relay.run()`` with ``poll=1`` and a handler of each kind
+   fewer events; the store's writes go one request at a time, each
+   carrying every commit that waited for it), and the client CPU a request. (c) Wake-up:
+   an idle relay with ``poll=30`` on a local file, ``Relay.run()`` in a thread (and then
+   ``AsyncRelay.run()`` as a task of this loop, sharing its store with the committing task);
+   one emit to an existing target committed at a time, 20 ms after the last handler started,
+   timed from before the ``commit`` call to the handler's start (p50, p99; the commit call's
+   own time in the JSON). (d) Idle CPU: ``Relay.run()`` with ``poll=1`` and a handler of each kind
    (three claims a round) in a thread on an empty file for 5 s (quick) or 15 s (full): the
    process CPU meanwhile, less the same process idle as long, as a share of one core (the
    relay thread's own CPU and its claims in the JSON). Checked: each event delivered once
@@ -123,7 +121,6 @@ from harel_store import (
     Relay,
     SqliteStore,
 )
-from harel_store.connection.hrana import WRITES_IN_FLIGHT
 from harel_store.store import Store
 from tests.sqld import SQLD_VERSION, SqldServer
 
@@ -1096,19 +1093,6 @@ def bench_relay_remote(report: Report, plan: Plan, srv: SqldServer, link: Proxy)
     report.add(
         f"relay {where}: AsyncRelay / hand-written sync loop", f"{ratio:.1f}", ">= 15", ratio >= 15
     )
-    # The store keeps at most WRITES_IN_FLIGHT writes of its own in flight (sqld wedges
-    # under queued writers) and an event is one commit, so the link carries at most that
-    # many events a request's time (timed by the hand-written loop, one request at a time):
-    # the most the ratio above can be is that bound over the hand-written loop's rate.
-    request = by_hand.seconds / (by_hand.link_requests or by_hand.calls)
-    bound = WRITES_IN_FLIGHT / request
-    report.add(
-        f"relay {where}: the bound of {WRITES_IN_FLIGHT} writes in flight / hand-written loop",
-        f"{bound / by_hand.rate:.1f}",
-        request_ms=round(request * 1e3, 2),
-        bound_events_per_s=round(bound, 1),
-    )
-    report.add(f"relay {where}: AsyncRelay / that bound", f"{arelay.rate / bound:.2f}")
     cpu = {d.shape: d.cpu / (d.link_requests or d.calls) * 1e3 for d in runs}
     report.add(
         f"relay {where}: client CPU a request, AsyncRelay (by hand), ms",

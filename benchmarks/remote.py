@@ -57,7 +57,7 @@ import httpx
 import libsql
 
 from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
-from harel_store.connection.hrana import WRITES_IN_FLIGHT
+from harel_store.connection.hrana import GROUP_MAX
 from harel_store.sql import QUERIES
 from harel_store.store import DEFAULT_TRACE_MAX, Store
 from tests.sqld import SQLD_VERSION, SqldServer
@@ -508,7 +508,7 @@ def main() -> None:
         "httpx": httpx.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "writes_in_flight": WRITES_IN_FLIGHT,
+        "group_max": GROUP_MAX,
     }
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": report.rows}, indent=2) + "\n")

@@ -2,13 +2,14 @@
 
 On a remote primary each call is natively async: its one HTTP request goes through an
 ``httpx.AsyncClient``, with no thread and no store-wide lock, so calls from many tasks are
-in flight at once (up to 4 writes, any number of reads; the version CAS keeps commits to one
-execution correct). On a local file or an embedded replica the libsql driver has no
-awaitable API (and holds the GIL through every call), so each call runs the sync store on a
-worker thread, one at a time.
+in flight at once: any number of reads, and the writes one request at a time, each request
+carrying every write that waited for the one before (group commit; each its own transaction,
+the version CAS keeping commits to one execution correct). On a local file or an embedded
+replica the libsql driver has no awaitable API (and holds the GIL through every call), so
+each call runs the sync store on a worker thread, one at a time.
 
-Either way a cancelled call settles first: a call under way (its request sent, or queued
-for one of the store's write slots) is waited for, each request bounded by ``timeout``, and
+Either way a cancelled call settles first: a call under way (its request sent, or its write
+waiting for the request in flight) is waited for, each request bounded by ``timeout``, and
 its outcome applied to ``exe`` before the cancellation propagates; a call cancelled before
 it started sends nothing.
 """

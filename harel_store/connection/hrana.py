@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
+import collections
 import itertools
 import json
 import random
@@ -75,13 +75,15 @@ def _ok(step: int) -> dict[str, Any]:
 
 
 class _Wire:
-    """One request as a pipeline body, and how to read the reply."""
+    """One request as an entry of a pipeline's ``requests``, and how to read its result."""
+
+    __slots__ = ("commit", "conflict", "guards", "part", "positions", "request", "write")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.write = isinstance(request, Batch)
         if not isinstance(request, Batch):
-            self.body = _body({"type": "execute", "stmt": _stmt(request)})
+            self.part = _json({"type": "execute", "stmt": _stmt(request)})
             return
         steps: list[dict[str, Any]] = [{"stmt": _stmt(_BEGIN)}]
         self.positions: list[int] = []
@@ -104,11 +106,10 @@ class _Wire:
             steps.append(
                 {"condition": {"type": "or", "conds": failed}, "stmt": _stmt(request.conflict)}
             )
-        self.body = _body({"type": "batch", "batch": {"steps": steps}})
+        self.part = _json({"type": "batch", "batch": {"steps": steps}})
 
-    def decode(self, reply: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+    def decode(self, first: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
         """The request's result, or the server's error (nothing of the request applied)."""
-        first = reply["results"][0]
         if first["type"] != "ok":
             return None, first["error"]
         result = first["response"]["result"]
@@ -127,9 +128,14 @@ class _Wire:
         return None, errors[failed]
 
 
-def _body(first: dict[str, Any]) -> bytes:
-    body = {"baton": None, "requests": [first, {"type": "close"}]}
-    return json.dumps(body, separators=(",", ":")).encode("ascii")
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("ascii")
+
+
+def _body(group: list[_Pending]) -> bytes:
+    """One pipeline on a new stream: the requests in order, then ``close``."""
+    parts = b",".join(pending.wire.part for pending in group)
+    return b'{"baton":null,"requests":[' + parts + b',{"type":"close"}]}'
 
 
 class ServerError(Exception):
@@ -141,27 +147,70 @@ class ServerError(Exception):
         self.code = code
 
 
-# At most this many write batches of one connection are in flight at once (reads are not
-# limited). The server runs writes one at a time, so more only queue there. Measured on
-# sqld 0.24.32 (loopback, 32 tasks committing): 2 to 6 in flight gave the same throughput
-# (~360-500 commits/s), 32 gave ~150; and with 6 or more in flight its write queue wedged
-# for good now and then (every writer parked behind a connection that was gone, after
-# ~4,000 to ~14,000 commits); with 4, never in ~29,000.
-WRITES_IN_FLIGHT = 4
+# A group (the writes that waited while the one before was in flight) is sent as one
+# request of at most this many batches and (past its first) bytes; the rest wait for the
+# next. sqld runs each batch of a pipeline as its own transaction, one after the other.
+GROUP_MAX = 128
+GROUP_BYTES = 1 << 20
 
 # What an https client reads when the server answered in plain HTTP (OpenSSL's words).
 _PLAIN_HTTP = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST")
+
+
+class _Pending:
+    """A request waiting for its answer, and once that is in, its outcome (a result, or the
+    exception its caller raises); an async caller awaits ``future``."""
+
+    __slots__ = ("done", "error", "future", "result", "wire")
+
+    def __init__(self, wire: _Wire, future: asyncio.Future[Any] | None = None) -> None:
+        self.wire = wire
+        self.future = future
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error, self.done = result, error, True
+        future = self.future
+        if future is not None and not future.done():  # done: its caller was cancelled
+            future.set_result(result) if error is None else future.set_exception(error)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _take(waiting: collections.deque[_Pending]) -> list[_Pending]:
+    """The next group: the oldest waiting writes, within `GROUP_MAX` and `GROUP_BYTES`."""
+    group = [waiting.popleft()]
+    size = len(group[0].wire.part)
+    while waiting and len(group) < GROUP_MAX:
+        size += len(waiting[0].wire.part)
+        if size > GROUP_BYTES:
+            break
+        group.append(waiting.popleft())
+    return group
 
 
 class HranaConnection:
     """A remote primary at ``url`` (``http(s)://``, as `url.parse_database` makes it): every
     request one HTTP round trip, from any thread or task at once.
 
-    ``timeout`` bounds each phase of a request (connecting, sending, waiting for the
-    answer). A write that was sent and got no complete answer raises `OutcomeUnknown`.
-    A request the server refused as busy (SQLITE_BUSY: its write lock was not to be had,
-    so the batch rolled back) is sent again after a short pause, for up to ``busy_timeout``
-    seconds, as SQLite's busy wait does on a local file; then `StoreBusy`.
+    Reads go out at once, as many at a time as there are callers. Writes go **one request
+    at a time** (group commit): the write batches that arrive while one request is in
+    flight wait for it, and the next request carries all of them, each its own transaction
+    with its own outcome. A write alone costs one request and no wait. One at a time
+    because sqld 0.24.32 can wedge for good when writers queue at its write lock; several
+    processes writing to one server still queue there, one write each.
+
+    ``timeout`` bounds each request (connecting, sending, waiting for the answer); a write
+    can also wait for the request in flight before its own. A write that was sent and got
+    no complete answer raises `OutcomeUnknown`, as does every write of its group. A batch
+    the server refused as busy (SQLITE_BUSY: its write lock was not to be had, so the batch
+    rolled back) is sent again after a short pause, for up to ``busy_timeout`` seconds, as
+    SQLite's busy wait does on a local file; then `StoreBusy`.
     """
 
     def __init__(
@@ -198,85 +247,189 @@ class HranaConnection:
         }
         self._client = httpx.Client(**self._options)
         self._aclient: httpx.AsyncClient | None = None
-        self._write_slots = threading.BoundedSemaphore(WRITES_IN_FLIGHT)
-        self._awrite_slots = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        # Group commit: the writes waiting, and whether a write request is in flight (sync
+        # callers: threads under `_turn`; async callers: the sender task of the loop).
+        self._waiting: collections.deque[_Pending] = collections.deque()
+        self._turn = threading.Condition()
+        self._flying = False
+        self._awaiting: collections.deque[_Pending] = collections.deque()
+        self._sender: asyncio.Task[None] | None = None
         self._closed = False
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"the store on {self.where} is closed")
 
+    # --- sync: threads ---
+
     def execute(self, request: Request) -> Any:
         self._check_open()
-        wire = _Wire(request)
-        with self._write_slots if wire.write else contextlib.nullcontext():
-            return self._send(wire)
+        mine = _Pending(_Wire(request))
+        if not mine.wire.write:
+            self._send([mine])
+            return mine.outcome()
+        with self._turn:
+            self._waiting.append(mine)
+        while True:
+            with self._turn:
+                while self._flying and not mine.done:
+                    self._turn.wait()
+                if mine.done:
+                    return mine.outcome()
+                self._flying = True  # this thread sends the next group (it may hold others)
+                group = _take(self._waiting)
+            try:
+                self._send(group)
+            finally:
+                self._abandon(group)
+                with self._turn:
+                    self._flying = False
+                    self._turn.notify_all()
 
-    async def aexecute(self, request: Request) -> Any:
-        """Async version of `execute`, on an ``httpx.AsyncClient`` (made on first use)."""
-        self._check_open()
-        if self._aclient is None:
-            self._aclient = httpx.AsyncClient(**self._options)
-            self._awrite_slots = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        wire = _Wire(request)
-        async with self._awrite_slots if wire.write else contextlib.nullcontext():
-            return await self._asend(self._aclient, wire)
-
-    def _send(self, wire: _Wire) -> Any:
+    def _send(self, group: list[_Pending]) -> None:
+        """Send ``group`` in one request (again, for those refused as busy) and settle each."""
         started = time.monotonic()
         for tries in itertools.count():
             try:
                 answer: httpx.Response | httpx.HTTPError = self._client.post(
-                    self._endpoint, content=wire.body
+                    self._endpoint, content=_body(group)
                 )
             except httpx.HTTPError as exc:
                 answer = exc
-            result, pause = self._settle(wire, answer, started, tries)
-            if pause is None:
-                return result
+            group, pause = self._settle(group, answer, started, tries)
+            if not group:
+                return
             time.sleep(pause)
-        raise AssertionError("unreachable")
 
-    async def _asend(self, client: httpx.AsyncClient, wire: _Wire) -> Any:
+    # --- async: tasks of one event loop ---
+
+    async def aexecute(self, request: Request) -> Any:
+        """Async version of `execute`, on an ``httpx.AsyncClient`` (made on first use); a
+        sender task of the store sends the waiting writes."""
+        self._check_open()
+        if self._aclient is None:
+            self._aclient = httpx.AsyncClient(**self._options)
+        wire = _Wire(request)
+        if not wire.write:
+            mine = _Pending(wire)
+            await self._asend([mine])
+            return mine.outcome()
+        mine = _Pending(wire, asyncio.get_running_loop().create_future())
+        self._awaiting.append(mine)
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._asender())
+        return await mine.future  # type: ignore[misc]
+
+    async def _asender(self) -> None:
+        """Send the waiting writes, a group per request, until none waits."""
+        try:
+            while self._awaiting:
+                group = _take(self._awaiting)
+                try:
+                    await self._asend(group)
+                finally:
+                    self._abandon(group)
+        finally:
+            self._sender = None
+            while self._awaiting:  # the sender itself was cancelled: these were never sent
+                self._awaiting.popleft().settle(
+                    None, StoreError(f"the write to {self.where} was not sent: the store closed")
+                )
+
+    async def _asend(self, group: list[_Pending]) -> None:
         """Async version of `_send`."""
+        assert self._aclient is not None
         started = time.monotonic()
         for tries in itertools.count():
             try:
-                answer: httpx.Response | httpx.HTTPError = await client.post(
-                    self._endpoint, content=wire.body
+                answer: httpx.Response | httpx.HTTPError = await self._aclient.post(
+                    self._endpoint, content=_body(group)
                 )
             except httpx.HTTPError as exc:
                 answer = exc
-            result, pause = self._settle(wire, answer, started, tries)
-            if pause is None:
-                return result
+            group, pause = self._settle(group, answer, started, tries)
+            if not group:
+                return
             await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
+
+    # --- what an answer means, for every request of it ---
+
+    def _abandon(self, group: list[_Pending]) -> None:
+        """A group whose sending was interrupted (KeyboardInterrupt, a cancelled sender):
+        its writes may have been sent."""
+        for pending in group:
+            if not pending.done:
+                pending.settle(
+                    None,
+                    OutcomeUnknown(
+                        f"the request to {self.where} was interrupted; the write may or "
+                        "may not have landed: reload to learn which"
+                    ),
+                )
 
     def _settle(
-        self, wire: _Wire, answer: httpx.Response | httpx.HTTPError, started: float, tries: int
-    ) -> tuple[Any, float | None]:
-        """What one attempt came to: ``(result, None)``, or ``(None, pause)`` to send the
-        request again after ``pause`` seconds; the store's error if neither."""
+        self,
+        todo: list[_Pending],
+        answer: httpx.Response | httpx.HTTPError,
+        started: float,
+        tries: int,
+    ) -> tuple[list[_Pending], float]:
+        """Record what one attempt came to for each of ``todo``; return those to send again
+        (refused as busy within busy_timeout, or a read whose connection broke) and the
+        pause before."""
         if isinstance(answer, httpx.HTTPError):
             # A read whose connection broke (a kept-alive one the server had just closed,
             # say) runs once more: it changed nothing. A timeout is not retried: that would
             # double the wait.
             if (
                 tries == 0
-                and not wire.write
+                and not todo[0].wire.write
                 and isinstance(answer, httpx.TransportError)
                 and not isinstance(answer, httpx.TimeoutException)
             ):
-                return None, 0.0
-            raise self._lost(answer, wire) from answer
+                return todo, 0.0
+            for pending in todo:
+                error = self._lost(answer, pending.wire)
+                error.__cause__ = answer
+                pending.settle(None, error)
+            return [], 0.0
+        if answer.status_code != 200:
+            for pending in todo:
+                pending.settle(None, self._refused(pending.wire, answer))
+            return [], 0.0
         try:
-            return self._answer(wire, answer), None
-        except StoreBusy:
-            pause = min(0.002 * 2**tries, 0.05) * random.uniform(0.5, 1.5)
-            if time.monotonic() + pause - started < self._busy_timeout:
-                return None, pause
-            raise
+            reply = answer.json()
+            results = reply["results"]
+            if not isinstance(results, list) or len(results) != len(todo) + 1:
+                raise ValueError(f"{len(todo) + 1} results expected")
+        except (ValueError, KeyError, TypeError) as exc:
+            for pending in todo:
+                pending.settle(None, self._garbled(pending.wire, exc))
+            return [], 0.0
+        pause = min(0.002 * 2**tries, 0.05) * random.uniform(0.5, 1.5)
+        in_time = time.monotonic() + pause - started < self._busy_timeout
+        again = []
+        for pending, first in zip(todo, results, strict=False):
+            try:
+                pending.settle(self._answer(pending.wire, first), None)
+            except StoreBusy as exc:
+                if in_time:
+                    again.append(pending)
+                else:
+                    pending.settle(None, exc)
+            except (StoreError, Conflicted) as exc:
+                pending.settle(None, exc)
+        return again, pause
+
+    def _garbled(self, wire: _Wire, exc: Exception) -> StoreError:
+        message = f"{self.where} sent a reply that is not a Hrana pipeline result ({exc!r})"
+        error = (
+            OutcomeUnknown(f"{message}; the write may or may not have landed")
+            if wire.write
+            else StoreError(message)
+        )
+        error.__cause__ = exc
+        return error
 
     def _lost(self, exc: httpx.HTTPError, wire: _Wire) -> StoreError:
         what = scrub(str(exc) or type(exc).__name__, self._secrets)
@@ -297,18 +450,14 @@ class HranaConnection:
             )
         return StoreError(message)
 
-    def _answer(self, wire: _Wire, response: httpx.Response) -> Any:
-        if response.status_code != 200:
-            raise self._refused(wire, response)
+    def _answer(self, wire: _Wire, first: Any) -> Any:
+        """One request's result in the reply, or its error raised."""
         try:
-            result, error = wire.decode(response.json())
+            result, error = wire.decode(first)
         except Conflicted:
             raise
         except (ValueError, KeyError, TypeError, IndexError, StopIteration) as exc:
-            message = f"{self.where} sent a reply that is not a Hrana pipeline result ({exc!r})"
-            if wire.write:
-                raise OutcomeUnknown(f"{message}; the write may or may not have landed") from exc
-            raise StoreError(message) from exc
+            raise self._garbled(wire, exc) from exc
         if error is not None:
             cause = ServerError(
                 scrub(str(error.get("message", "")), self._secrets), error.get("code")

@@ -1,0 +1,251 @@
+"""Group commit on a remote primary: while one write request of a store is in flight, the
+writes that arrive wait, and the next request carries all of them, each its own
+transaction with its own outcome. Against the session's real sqld, through a loopback
+proxy (`tests.proxy`) that holds each request long enough for the others to queue."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from harel_store import (
+    AsyncLibsqlStore,
+    Event,
+    Execution,
+    LibsqlStore,
+    OutcomeUnknown,
+    StoreConflict,
+)
+from harel_store.connection.hrana import GROUP_MAX
+from tests.conftest import reset_remote
+from tests.proxy import Proxy
+from tests.sqld import SqldServer
+
+pytestmark = pytest.mark.sqld
+
+HOLD = 0.3  # seconds the proxy holds each request: the others arrive meanwhile
+
+
+@pytest.fixture
+def server(sqld: SqldServer) -> SqldServer:
+    reset_remote(sqld)
+    return sqld
+
+
+@pytest.fixture
+def proxy(server: SqldServer) -> Iterator[Proxy]:
+    with Proxy(server.port or 0) as p:
+        yield p
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.002)
+
+
+def emit(exe: Execution, n: int = 0) -> Any:
+    return [(None, Event(name="go", id=f"{exe.id}-{n}"))]
+
+
+async def open_async(proxy: Proxy, server: SqldServer, **kwargs: Any) -> AsyncLibsqlStore:
+    return await AsyncLibsqlStore.create(proxy.url(), auth_token=server.token, **kwargs)
+
+
+async def behind_a_write_in_flight(store: AsyncLibsqlStore, proxy: Proxy) -> asyncio.Task[Any]:
+    """A commit the proxy holds, so that what follows queues behind it."""
+    proxy.delay = HOLD
+    first = asyncio.create_task(store.commit(Execution(id="first", definition_id="d"), []))
+    await asyncio.to_thread(wait_until, lambda: proxy.in_flight == 1, "the first write sent")
+    return first
+
+
+def test_concurrent_async_commits_go_one_request_at_a_time_each_with_its_outcome(
+    proxy: Proxy, server: SqldServer
+) -> None:
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        first = await behind_a_write_in_flight(store, proxy)
+        exes = [Execution(id=f"g-{i}", definition_id="d") for i in range(16)]
+        sent = proxy.requests
+        results = await asyncio.gather(*(store.commit(e, emit(e), f"in-{e.id}") for e in exes))
+        await first
+        assert proxy.requests - sent == 1  # the 16 waited for the first, then went together
+        assert proxy.max_in_flight == 1  # never two writes at the server
+        assert [e.version for e in exes] == [1] * 16
+        assert all(len(seqs) == 1 for seqs in results)
+        assert len({seqs[0] for seqs in results}) == 16  # each its own outbox entry
+        proxy.delay = 0
+        for e in exes:
+            stored = await store.load_for_event(e.id, f"in-{e.id}")
+            assert stored[0] is not None and stored[0].version == 1 and stored[1]
+        assert len(await store.pending_outbox()) == 16
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_group_is_bounded_and_the_rest_go_in_the_next_request(
+    proxy: Proxy, server: SqldServer
+) -> None:
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        first = await behind_a_write_in_flight(store, proxy)
+        count = GROUP_MAX + 20
+        exes = [Execution(id=f"b-{i}", definition_id="d") for i in range(count)]
+        sent = proxy.requests
+        await asyncio.gather(*(store.commit(e, []) for e in exes))
+        await first
+        assert proxy.requests - sent == 2  # GROUP_MAX, then the 20 that did not fit
+        assert proxy.max_in_flight == 1
+        proxy.delay = 0
+        assert all(e.version == 1 for e in exes)
+        page = await store.list_executions(limit=count + 1)
+        assert len(page.items) == count + 1
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_reads_are_never_queued_behind_writes(proxy: Proxy, server: SqldServer) -> None:
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        await store.save(Execution(id="r", definition_id="d"))
+        proxy.delay = HOLD
+        exes = [Execution(id=f"w-{i}", definition_id="d") for i in range(4)]
+        writes = [store.commit(e, []) for e in exes]
+        reads = [store.load("r") for _ in range(8)]
+        done = await asyncio.gather(*writes, *reads)
+        assert proxy.max_in_flight == 1 + 8  # one write request, and every read at once
+        assert all(r is not None and r.version == 1 for r in done[4:])
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_stale_commit_in_a_group_fails_alone(proxy: Proxy, server: SqldServer) -> None:
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        exes = [Execution(id=f"c-{i}", definition_id="d") for i in range(8)]
+        for e in exes:
+            await store.save(e)
+        stale = {1, 4, 6}
+        for i in stale:  # another writer moves these on: our copies are one behind
+            moved = await store.load(f"c-{i}")
+            assert moved is not None
+            await store.commit(moved, [])
+        first = await behind_a_write_in_flight(store, proxy)
+        sent = proxy.requests
+        results = await asyncio.gather(
+            *(store.commit(e, emit(e)) for e in exes), return_exceptions=True
+        )
+        await first
+        assert proxy.requests - sent == 1
+        for i, (e, result) in enumerate(zip(exes, results, strict=True)):
+            if i in stale:
+                assert isinstance(result, StoreConflict)
+                assert (result.execution_id, result.expected, result.found) == (e.id, 1, 2)
+                assert e.version == 1
+            else:
+                assert isinstance(result, list) and len(result) == 1
+                assert e.version == 2
+        proxy.delay = 0
+        assert len(await store.pending_outbox()) == 8 - len(stale)
+        for e in exes:
+            stored = await store.load(e.id)
+            assert stored is not None and stored.version == 2
+        await store.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["drop", "cut"])
+def test_a_lost_answer_makes_every_member_unknown_and_a_reload_tells(
+    proxy: Proxy, server: SqldServer, mode: str
+) -> None:
+    """``drop``: the server committed the group, its answer is lost; ``cut``: the request
+    never reached the server. Either way every member is OutcomeUnknown, exe as it was."""
+
+    async def main() -> None:
+        store = await open_async(proxy, server, timeout=5.0)
+        first = await behind_a_write_in_flight(store, proxy)
+        exes = [Execution(id=f"l-{i}", definition_id="d") for i in range(6)]
+        commits = [asyncio.create_task(store.commit(e, emit(e))) for e in exes]
+        await asyncio.sleep(0.05)  # the six wait for the write in flight
+        proxy.mode = mode  # type: ignore[assignment]  # from the next request (or answer) on
+        results = await asyncio.gather(*commits, return_exceptions=True)
+        await asyncio.gather(first, return_exceptions=True)  # "drop" loses its answer too
+        assert all(isinstance(r, OutcomeUnknown) for r in results), results
+        assert [e.version for e in exes] == [0] * 6
+        proxy.mode, proxy.delay = "forward", 0
+        landed = [await store.load(e.id) for e in exes]
+        if mode == "drop":
+            assert all(s is not None and s.version == 1 for s in landed)
+            assert len(await store.pending_outbox()) == 6
+        else:
+            assert landed == [None] * 6
+            assert await store.pending_outbox() == []
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_member_settles_and_the_others_are_undisturbed(
+    proxy: Proxy, server: SqldServer
+) -> None:
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        first = await behind_a_write_in_flight(store, proxy)
+        exes = [Execution(id=f"x-{i}", definition_id="d") for i in range(5)]
+        commits = [asyncio.create_task(store.commit(e, emit(e))) for e in exes]
+        await asyncio.sleep(0.05)  # all five wait for the write in flight
+        commits[2].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await commits[2]
+        # The cancellation arrived once its group's answer did: exe says what is stored.
+        assert exes[2].version == 1
+        await first
+        for task in (*commits[:2], *commits[3:]):
+            assert len(await task) == 1
+        assert [e.version for e in exes] == [1] * 5
+        proxy.delay = 0
+        assert len(await store.pending_outbox()) == 5
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_threads_sharing_a_sync_store_group_their_commits(proxy: Proxy, server: SqldServer) -> None:
+    with LibsqlStore(proxy.url(), auth_token=server.token) as store:
+        proxy.delay = HOLD
+        first = Execution(id="first", definition_id="d")
+        holder = threading.Thread(target=store.commit, args=(first, []))
+        holder.start()
+        wait_until(lambda: proxy.in_flight == 1, "the first write sent")
+        exes = [Execution(id=f"t-{i}", definition_id="d") for i in range(8)]
+        errors: list[BaseException] = []
+
+        def commit(exe: Execution) -> None:
+            try:
+                store.commit(exe, emit(exe), f"in-{exe.id}")
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        sent = proxy.requests
+        threads = [threading.Thread(target=commit, args=(e,)) for e in exes]
+        for thread in threads:
+            thread.start()
+        for thread in (holder, *threads):
+            thread.join()
+        assert errors == []
+        assert proxy.requests - sent == 1 and proxy.max_in_flight == 1
+        assert first.version == 1 and [e.version for e in exes] == [1] * 8
+        proxy.delay = 0
+        assert len(store.pending_outbox()) == 8
+        assert all(store.load_for_event(e.id, f"in-{e.id}")[1] for e in exes)
