@@ -1,0 +1,534 @@
+"""A minimal HTTP/1.1 client for one origin: ``POST`` only, keep-alive, and one deadline
+that bounds a whole request (connect, TLS handshake, send, the whole answer).
+
+`Client` is for threads, `AsyncClient` for asyncio; both share one sans-IO answer parser.
+Neither retries: a kept-alive connection is only checked for EOF (or stray bytes) before it
+is used again, which catches the usual case of a server closing an idle connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+import socket
+import ssl
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from time import monotonic
+from typing import Generic, TypeVar, cast
+from urllib.parse import urlsplit
+
+__all__ = [
+    "AsyncClient",
+    "BadResponse",
+    "Broken",
+    "Client",
+    "ConnectFailed",
+    "HTTPFailure",
+    "Response",
+    "TimedOut",
+]
+
+MAX_HEAD = 64 * 1024
+MAX_BODY = 256 * 1024 * 1024
+_READ = 64 * 1024
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_OWN_HEADERS = frozenset({"host", "content-length", "connection", "transfer-encoding"})
+_Conn = TypeVar("_Conn")
+
+
+class HTTPFailure(Exception):
+    """A request failed. ``sent``: its bytes may have reached the server (so a write's
+    fate is unknown). The message never holds a header value."""
+
+    sent: bool
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class ConnectFailed(HTTPFailure):
+    """No connection: DNS, refused, TLS handshake or certificate verification."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, sent=False)
+
+
+class TimedOut(HTTPFailure):
+    """The request's deadline passed (connecting, sending or receiving)."""
+
+
+class Broken(HTTPFailure):
+    """The connection closed or broke before the whole answer came."""
+
+
+class BadResponse(HTTPFailure):
+    """The answer is not HTTP/1.x as this client reads it, or is over its size caps."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, sent=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    headers: dict[str, str]  # names lower-cased; repeated ones joined with ", "
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _TO_EOF = range(7)
+
+
+class _Parser:
+    """One answer out of the bytes appended to ``buf``: `parse` after each append,
+    `eof` when the connection ends. ``reusable`` is known once an answer is complete."""
+
+    __slots__ = ("body", "buf", "headers", "left", "reusable", "state", "status")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.body = bytearray()
+        self.state = _HEAD
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.left = 0  # bytes still due: of the body, the chunk, or allowed in the trailer
+        self.reusable = False
+
+    def parse(self) -> Response | None:
+        buf = self.buf
+        while True:
+            state = self.state
+            if state == _LENGTH:
+                if len(buf) < self.left:
+                    return None
+                return self._done(bytes(buf[: self.left]), self.left)
+            if state == _HEAD:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0 or end > MAX_HEAD:
+                    if len(buf) > MAX_HEAD:
+                        raise BadResponse("the answer's head is over 64 KiB")
+                    return None
+                head = buf[:end].decode("latin-1")
+                del buf[: end + 4]
+                self._head(head)
+            elif state == _CHUNK_DATA:
+                if not buf:
+                    return None
+                take = min(self.left, len(buf))
+                self.body += buf[:take]
+                del buf[:take]
+                self.left -= take
+                if not self.left:
+                    self.state = _CHUNK_END
+            elif state == _TO_EOF:
+                if len(buf) > MAX_BODY:
+                    raise BadResponse("the answer's body is over 256 MiB")
+                return None
+            else:  # a line: a chunk's size, the CRLF after its data, or a trailer field
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > 4096 + self.left:
+                        raise BadResponse("a chunk line too long")
+                    return None
+                line = bytes(buf[:end])
+                del buf[: end + 2]
+                if state == _CHUNK_SIZE:
+                    self._chunk_size(line)
+                elif state == _CHUNK_END:
+                    if line:
+                        raise BadResponse("no CRLF after a chunk's data")
+                    self.state = _CHUNK_SIZE
+                elif not line:
+                    return self._done(bytes(self.body), 0)
+                else:
+                    self.left -= end + 2
+                    if self.left < 0:
+                        raise BadResponse("the answer's trailer is over 64 KiB")
+
+    def eof(self) -> Response:
+        if self.state == _TO_EOF:
+            self.reusable = False
+            return self._done(bytes(self.buf), len(self.buf))
+        if self.state == _HEAD and not self.buf and not self.status:
+            raise Broken("the connection closed before any answer came", sent=True)
+        raise Broken("the connection closed before the answer was complete", sent=True)
+
+    def _done(self, body: bytes, used: int) -> Response:
+        del self.buf[:used]
+        if self.buf:  # bytes nobody asked for: the connection is not to be trusted
+            self.reusable = False
+        return Response(self.status, self.headers, body)
+
+    def _head(self, head: str) -> None:
+        lines = head.split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code = rest[:3]
+        if (
+            version not in ("HTTP/1.1", "HTTP/1.0")
+            or not (code.isascii() and code.isdigit())
+            or rest[3:4] not in ("", " ")
+        ):
+            raise BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(":")
+            if not colon or not name or name[0] in " \t" or name[-1] in " \t":
+                raise BadResponse("a malformed header line in the answer")
+            name = name.lower()
+            value = value.strip(" \t")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        status = int(code)
+        if status < 200:
+            if status == 101:
+                raise BadResponse("the server switched protocols (101)")
+            self.status = status
+            return  # an interim answer (100 Continue, 103): the real one follows
+        self.status = status
+        self.headers = headers
+        connection = headers.get("connection")
+        tokens = {t.strip().lower() for t in connection.split(",")} if connection else set()
+        self.reusable = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
+        coding = headers.get("transfer-encoding")
+        length = headers.get("content-length")
+        if status in (204, 304):
+            self.state, self.left = _LENGTH, 0
+        elif coding is not None:
+            if length is not None:
+                self.reusable = False
+            if coding.rpartition(",")[2].strip().lower() == "chunked":
+                self.state = _CHUNK_SIZE
+            else:
+                self.state, self.reusable = _TO_EOF, False
+        elif length is not None:
+            if not (length.isascii() and length.isdigit()):
+                raise BadResponse("a malformed Content-Length in the answer")
+            self.state, self.left = _LENGTH, int(length)
+            if self.left > MAX_BODY:
+                raise BadResponse("the answer's body is over 256 MiB")
+        else:
+            self.state, self.reusable = _TO_EOF, False
+
+    def _chunk_size(self, line: bytes) -> None:
+        size = line.partition(b";")[0].strip(b" \t")
+        if not size or len(size) > 16 or not _HEX.issuperset(size):
+            raise BadResponse("a malformed chunk size in the answer")
+        self.left = int(size, 16)
+        if not self.left:
+            self.state, self.left = _TRAILER, MAX_HEAD
+        elif len(self.body) + self.left > MAX_BODY:
+            raise BadResponse("the answer's body is over 256 MiB")
+        else:
+            self.state = _CHUNK_DATA
+
+
+def _readable(fd: int) -> bool:
+    """Whether an idle connection has something to read: EOF, a reset or stray bytes."""
+    poll = getattr(select, "poll", None)
+    if poll is None:
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _connect_failure(exc: OSError) -> ConnectFailed:
+    if isinstance(exc, ssl.SSLError):
+        return ConnectFailed(f"TLS handshake failed: {exc}")
+    if isinstance(exc, ConnectionRefusedError):
+        return ConnectFailed("connection refused")
+    if isinstance(exc, socket.gaierror):
+        return ConnectFailed(f"cannot resolve the host name: {exc.strerror or exc}")
+    return ConnectFailed(f"cannot connect: {exc.strerror or exc}")
+
+
+class _Origin(Generic[_Conn]):
+    """What both clients share: the address, the request's fixed bytes, the timeout, the
+    idle connections (newest last)."""
+
+    def __init__(
+        self,
+        origin: str,
+        *,
+        headers: Mapping[str, str],
+        timeout: float,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("an origin is http://host[:port] or https://host[:port]")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError("an origin has no user, path, query or fragment")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self._ssl = ssl_context or ssl.create_default_context()
+        self._timeout = timeout
+        self._late = f"timed out after {timeout:g} s"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        if parts.port is not None:
+            host = f"{host}:{self._port}"
+        lines = [b"Connection: keep-alive"]
+        for name, value in headers.items():
+            if any(c in name for c in "\r\n\0") or any(c in value for c in "\r\n\0"):
+                raise ValueError(f"header {name!r} has a CR, LF or NUL in its name or value")
+            if not name or ":" in name or name != name.strip() or name.lower() in _OWN_HEADERS:
+                raise ValueError(f"header {name!r} cannot be set")
+            try:
+                lines.append(f"{name}: {value}".encode("latin-1"))
+            except UnicodeEncodeError:
+                raise ValueError(f"header {name!r} is not latin-1 text") from None
+        self._host_line = f" HTTP/1.1\r\nHost: {host}\r\nContent-Length: ".encode("ascii")
+        self._tail = b"\r\n" + b"\r\n".join(lines) + b"\r\n\r\n"
+        self._starts: dict[str, bytes] = {}
+        self._idle: list[_Conn] = []
+        self._lock = threading.Lock()  # of the sync client's pool
+        self._closed = False
+
+    def _request(self, path: str, body: bytes) -> bytes:
+        start = self._starts.get(path)
+        if start is None:
+            if not (path.startswith("/") and path.isascii() and path.isprintable()) or (
+                " " in path
+            ):
+                raise ValueError(f"not a request path: {path!r}")
+            start = b"POST " + path.encode("ascii") + self._host_line
+            if len(self._starts) < 64:
+                self._starts[path] = start
+        return b"".join((start, b"%d" % len(body), self._tail, body))
+
+
+class Client(_Origin[socket.socket]):
+    """HTTP/1.1 to one origin from any number of threads at once, each request bounded
+    by ``timeout`` seconds as a whole. Raises `HTTPFailure`'s subclasses."""
+
+    def post(self, path: str, body: bytes) -> Response:
+        deadline = monotonic() + self._timeout
+        if self._closed:
+            raise RuntimeError("closed")
+        data = self._request(path, body)
+        sock = self._take() or self._connect(deadline)
+        sent = False
+        parser = _Parser()
+        try:
+            sock.settimeout(self._left(deadline, sent))
+            sent = True
+            sock.sendall(data)
+            response = None
+            while response is None:
+                sock.settimeout(self._left(deadline, sent))
+                chunk = sock.recv(_READ)
+                if chunk:
+                    parser.buf += chunk
+                    response = parser.parse()
+                else:
+                    response = parser.eof()
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, TimeoutError):
+                raise TimedOut(self._late, sent=sent) from exc
+            if isinstance(exc, OSError):
+                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=sent) from exc
+            raise
+        with self._lock:
+            if parser.reusable and not self._closed:
+                self._idle.append(sock)
+                return response
+        sock.close()
+        return response
+
+    def close(self) -> None:
+        """Close the idle connections; a request in flight closes its own when done."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    def _left(self, deadline: float, sent: bool) -> float:
+        left = deadline - monotonic()
+        if left <= 0:
+            raise TimedOut(self._late, sent=sent)
+        return left
+
+    def _take(self) -> socket.socket | None:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                sock = self._idle.pop()  # the newest: the least likely to have timed out
+            pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+            if not pending and not _readable(sock.fileno()):
+                return sock
+            sock.close()
+
+    def _connect(self, deadline: float) -> socket.socket:
+        sock = None
+        try:
+            sock = socket.create_connection((self._host, self._port), self._left(deadline, False))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl is not None:
+                sock.settimeout(self._left(deadline, False))  # the handshake's deadline
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
+            return sock
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            if isinstance(exc, TimeoutError):
+                raise TimedOut(self._late, sent=False) from exc
+            if isinstance(exc, OSError):
+                raise _connect_failure(exc) from exc
+            raise
+
+
+class _Protocol(asyncio.Protocol):
+    """One connection of an `AsyncClient`: feeds the answer to a parser, then a waiter."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport  # set by connection_made, before anything else
+        self.fd = -1
+        self.parser: _Parser | None = None
+        self.waiter: asyncio.Future[Response] | None = None
+        self.alive = True
+        self.reusable = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
+
+    def data_received(self, data: bytes) -> None:
+        if self.parser is None:  # bytes while idle: not a connection to reuse
+            self.alive = False
+            self.transport.abort()
+            return
+        self.parser.buf += data
+        try:
+            response = self.parser.parse()
+        except HTTPFailure as exc:
+            self._finish(exc)
+        else:
+            if response is not None:
+                self._finish(response)
+
+    def eof_received(self) -> bool:
+        self.alive = False
+        if self.parser is not None:
+            try:
+                self._finish(self.parser.eof())
+            except HTTPFailure as exc:
+                self._finish(exc)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        if exc is None:  # also after a TLS peer's bare EOF, which sync reads as EOF too
+            self.eof_received()
+        elif self.parser is not None:
+            failure = Broken("the connection closed before the answer was complete", sent=True)
+            failure.__cause__ = exc
+            self._finish(failure)
+
+    def _finish(self, outcome: Response | HTTPFailure) -> None:
+        waiter, parser = self.waiter, self.parser
+        self.waiter = self.parser = None
+        self.reusable = parser is not None and parser.reusable
+        if waiter is None or waiter.done():
+            return
+        if isinstance(outcome, Response):
+            waiter.set_result(outcome)
+        else:
+            waiter.set_exception(outcome)
+
+    def close(self) -> None:
+        """Close at once: a TLS transport's close() would wait (on the loop, up to 30 s)
+        for the server's close_notify, and a loop closed meanwhile leaks the socket."""
+        self.alive = False
+        with contextlib.suppress(RuntimeError):  # its loop may be closed
+            self.transport.abort()
+
+
+class AsyncClient(_Origin[_Protocol]):
+    """Async version of `Client`: any number of tasks at once on one event loop. A request
+    cancelled from outside closes its connection and lets `CancelledError` through."""
+
+    async def post(self, path: str, body: bytes) -> Response:
+        if self._closed:
+            raise RuntimeError("closed")
+        data = self._request(path, body)
+        sent = [False]  # set by _exchange once the request is handed to the transport
+        try:
+            if sys.version_info >= (3, 11):
+                async with asyncio.timeout(self._timeout):
+                    return await self._exchange(data, sent)
+            return await asyncio.wait_for(self._exchange(data, sent), self._timeout)
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise TimedOut(self._late, sent=sent[0]) from exc
+
+    async def aclose(self) -> None:
+        """Close the idle connections; a request in flight closes its own when done."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for proto in idle:
+            proto.close()
+
+    async def _exchange(self, data: bytes, sent: list[bool]) -> Response:
+        loop = asyncio.get_running_loop()
+        proto = self._take(loop) or await self._connect(loop)
+        if not proto.alive:  # a new connection the server closed (or wrote to) at once
+            proto.close()
+            raise Broken("the server closed the connection at once", sent=False)
+        try:
+            waiter: asyncio.Future[Response] = loop.create_future()
+            proto.waiter = waiter
+            proto.parser = _Parser()
+            sent[0] = True
+            proto.transport.write(data)
+            response = await waiter
+        except BaseException:
+            proto.close()
+            raise
+        if proto.reusable and proto.alive and not self._closed:
+            self._idle.append(proto)
+        else:
+            proto.close()
+        return response
+
+    def _take(self, loop: asyncio.AbstractEventLoop) -> _Protocol | None:
+        while self._idle:
+            proto = self._idle.pop()
+            if (
+                proto.alive
+                and proto.loop is loop
+                and not proto.transport.is_closing()
+                and not (proto.fd >= 0 and _readable(proto.fd))
+            ):
+                return proto
+            proto.close()
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        try:
+            _, proto = await loop.create_connection(
+                lambda: _Protocol(loop),
+                self._host,
+                self._port,
+                ssl=self._ssl,
+                server_hostname=self._host if self._ssl is not None else None,
+            )
+        except TimeoutError as exc:  # the kernel's own connect timeout
+            raise TimedOut(self._late, sent=False) from exc
+        except OSError as exc:
+            raise _connect_failure(exc) from exc
+        return proto
