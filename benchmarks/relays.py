@@ -108,7 +108,6 @@ if __package__ in (None, ""):  # `python benchmarks/relays.py` as well as `-m be
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's log quiet
-import httpx
 
 from benchmarks.remote import TIMEOUT, Proxy
 from harel_store import (
@@ -121,6 +120,7 @@ from harel_store import (
     Relay,
     SqliteStore,
 )
+from harel_store.connection import http
 from harel_store.store import Store
 from tests.sqld import SQLD_VERSION, SqldServer
 
@@ -423,11 +423,16 @@ def pipeline(url: str, token: str, sql: str, *args: int) -> int:
     first column of its first row, or else the number of rows it changed."""
     stmt = {"sql": sql, "args": [{"type": "integer", "value": str(a)} for a in args]}
     body = {"baton": None, "requests": [{"type": "execute", "stmt": stmt}, {"type": "close"}]}
-    reply = httpx.post(
-        url + "/v3/pipeline", json=body, headers={"Authorization": f"Bearer {token}"}
+    client = http.Client(
+        url, headers={"Authorization": f"Bearer {token}"}, timeout=60.0, ssl_context=None
     )
-    reply.raise_for_status()
-    first = reply.json()["results"][0]
+    try:
+        reply = client.post("/v3/pipeline", json.dumps(body).encode())
+    finally:
+        client.close()
+    if reply.status != 200:
+        raise RuntimeError(f"sqld answered HTTP {reply.status}: {reply.text[:200]}")
+    first = json.loads(reply.body)["results"][0]
     if first["type"] != "ok":
         raise RuntimeError(f"{sql.split()[0]} on sqld failed: {first}")
     rows = first["response"]["result"]["rows"]

@@ -60,10 +60,10 @@ if __package__ in (None, ""):  # `python benchmarks/remote.py` as well as `-m be
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's log quiet
-import httpx
 import libsql
 
 from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
+from harel_store.connection import http
 from harel_store.connection.hrana import GROUP_MAX
 from harel_store.sql import QUERIES
 from harel_store.store import DEFAULT_TRACE_MAX, Store
@@ -240,11 +240,16 @@ def bare_committer(conn: Any, eid: str, read: bool = False) -> Callable[[], None
     return commit
 
 
-def bare_request(client: httpx.Client, url: str) -> Callable[[], object]:
+def bare_request(client: http.Client) -> Callable[[], object]:
     """One ``POST /v3/pipeline`` of ``SELECT 1`` (and the stream's close): one round trip."""
     select = {"type": "execute", "stmt": {"sql": "SELECT 1", "want_rows": True}}
     body = json.dumps({"baton": None, "requests": [select, {"type": "close"}]}).encode()
-    return lambda: client.post(url + "/v3/pipeline", content=body).raise_for_status()
+
+    def request() -> None:
+        if (status := client.post("/v3/pipeline", body).status) != 200:
+            raise RuntimeError(f"a bare request got HTTP {status}")
+
+    return request
 
 
 def medians(ops: dict[str, tuple[Callable[[], object], int]], rounds: int = 5) -> dict[str, float]:
@@ -358,10 +363,12 @@ def operations(
     conn_rep = libsql.connect(str(tmp / f"{ids}-bare.db"), sync_url=url, auth_token=token)
     stack.callback(conn_rep.close)
     conn_rep.sync()
-    client = stack.enter_context(httpx.Client(headers={"Authorization": f"Bearer {token}"}))
+    auth = {"Authorization": f"Bearer {token}"}
+    client = http.Client(url, headers=auth, timeout=TIMEOUT, ssl_context=None)
+    stack.callback(client.close)
     committer(remote, f"{ids}r")()  # the row the reads find
     return {
-        BARE: bare_request(client, url),
+        BARE: bare_request(client),
         "remote: commit": committer(remote, f"{ids}r"),
         "remote: load": lambda: remote.load(f"{ids}r"),
         "remote: load_for_event": lambda: remote.load_for_event(f"{ids}r", "x"),
@@ -693,7 +700,6 @@ def main() -> None:
         "error": None if failed is None else repr(failed),
         "sqld": SQLD_VERSION,
         "libsql": importlib.metadata.version("libsql"),
-        "httpx": httpx.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "group_max": GROUP_MAX,

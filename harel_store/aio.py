@@ -1,7 +1,7 @@
 """``AsyncLibsqlStore``: the store's methods as coroutines, running the sync store's plans.
 
-On a remote primary each call is natively async: its one HTTP request goes through an
-``httpx.AsyncClient``, with no thread and no store-wide lock, so calls from many tasks are
+On a remote primary each call is natively async: its one HTTP request goes through our
+`http.AsyncClient`, with no thread and no store-wide lock, so calls from many tasks are
 in flight at once: any number of reads, and the writes one request at a time, each request
 carrying every write that waited for the one before (group commit; each its own transaction,
 the version CAS keeping commits to one execution correct). On a local file or an embedded

@@ -7,7 +7,7 @@ them, tracks how many are awaiting their answer at once, and can delay each requ
 drops the connection instead of the answer. With ``tls`` it terminates TLS in front of a
 plain-HTTP server.
 
-It runs on threads, so it only suits clients that release the GIL while they wait (httpx
+It runs on threads, so it only suits clients that release the GIL while they wait (our HTTP
 does; the libsql driver does not: a replica's sync would stall it).
 """
 

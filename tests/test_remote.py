@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from harel_store import (
@@ -30,6 +29,7 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
+from harel_store.connection.http import ConnectFailed
 from harel_store.schema import describe
 from harel_store.sql import HEAD, MIGRATIONS
 from tests.conftest import reset_remote
@@ -90,8 +90,9 @@ def test_a_tls_url_is_taken_as_remote_and_fails_cleanly_against_plain_http(
     with pytest.raises(StoreError) as info:
         LibsqlStore(url, auth_token=server.token)
     # Not OutcomeUnknown: the TLS handshake failed, so nothing was sent.
-    assert type(info.value) is StoreError and isinstance(info.value.__cause__, httpx.ConnectError)
-    assert str(info.value).startswith(f"cannot reach {url}: [SSL")  # it went remote, over TLS
+    assert type(info.value) is StoreError and isinstance(info.value.__cause__, ConnectFailed)
+    # It went remote, over TLS:
+    assert str(info.value).startswith(f"cannot reach {url}: TLS handshake failed: [SSL")
     hint = f"for a plain-HTTP server use http://127.0.0.1:{server.port} or libsql://"
     assert "the server answered without TLS" in str(info.value) and hint in str(info.value)
     assert server.token not in "".join(traceback.format_exception(info.value))

@@ -1,7 +1,8 @@
-"""A remote primary over HTTP (Hrana 3, httpx): what a request costs, how long a wait can
-be, what an unanswered write means, async concurrency and cancellation, TLS, and values
-that come back exactly. Each test runs against the session's real sqld, through a
-loopback proxy (`tests.proxy`) where it needs the network to misbehave."""
+"""A remote primary over HTTP (Hrana 3, `harel_store.connection.http`): what a request
+costs, how long a wait can be, what an unanswered write means, async concurrency and
+cancellation, TLS, and values that come back exactly. Each test runs against the session's
+real sqld, through a loopback proxy (`tests.proxy`) where it needs the network to
+misbehave."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import random
+import socket
 import ssl
 import threading
 import time
@@ -16,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trustme
 
@@ -32,6 +33,7 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
+from harel_store.connection import http
 from tests.conftest import reset_remote
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
@@ -192,6 +194,60 @@ def test_a_hung_primary_never_blocks_the_event_loop(proxy: Proxy, server: SqldSe
 
     ticks, _ = asyncio.run(main())
     assert ticks >= 20
+
+
+@pytest.fixture
+def trickler() -> Iterator[str]:
+    """A server that answers every request with a byte every 0.1 s, forever."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            answer = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 10**6
+            for byte in answer:
+                if closed.wait(0.1):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    closed.set()
+    listener.close()
+
+
+def test_a_trickling_server_cannot_stretch_a_call_past_the_timeout(trickler: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=r"no answer from .* within 0.5 s"):
+        LibsqlStore(trickler, timeout=0.5)  # opening reads the schema's revision
+    assert time.monotonic() - started < 2
+
+    async def main() -> None:
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=r"no answer from .* within 0.5 s"):
+            await AsyncLibsqlStore.create(trickler, timeout=0.5)
+        assert time.monotonic() - started < 2
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("token", ["abc\ndef", "abc\rdef", "abc\x00def"])
+def test_a_token_that_cannot_be_a_header_is_refused_without_showing_it(token: str) -> None:
+    with pytest.raises(ValueError, match="Authorization") as info:
+        LibsqlStore("http://127.0.0.1:1", auth_token=token)
+    assert "abc" not in str(info.value) and "def" not in str(info.value)
 
 
 # --- a write with no answer: OutcomeUnknown, and the reload tells ---
@@ -404,25 +460,30 @@ def test_a_batch_the_server_refused_as_busy_is_sent_again_within_busy_timeout(
     refusals = 2
     sent = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal refusals, sent
-        sent += 1
-        steps = json.loads(request.content)["requests"][0].get("batch", {}).get("steps")
-        if steps is None or refusals == 0:
-            return real.send(real.build_request("POST", request.url, content=request.content))
-        refusals -= 1
-        busy = {"message": "SQLite error: database is locked", "code": "SQLITE_BUSY"}
-        result = {
-            "step_results": [None] * len(steps),
-            "step_errors": [busy] + [None] * (len(steps) - 1),
-        }
-        batch = {"type": "ok", "response": {"type": "batch", "result": result}}
-        close = {"type": "ok", "response": {"type": "close"}}
-        return httpx.Response(
-            200, json={"baton": None, "base_url": None, "results": [batch, close]}
-        )
+    class Refusing:
+        """The real client, but a batch gets sqld's busy reply while refusals last."""
 
-    conn._client = httpx.Client(transport=httpx.MockTransport(handler))
+        def post(self, path: str, body: bytes) -> http.Response:
+            nonlocal refusals, sent
+            sent += 1
+            requests = json.loads(body)["requests"][:-1]  # the last one is the close
+            if "batch" not in requests[0] or refusals == 0:
+                return real.post(path, body)
+            refusals -= 1
+            busy = {"message": "SQLite error: database is locked", "code": "SQLITE_BUSY"}
+            results = []
+            for request in requests:
+                steps = request["batch"]["steps"]
+                result = {
+                    "step_results": [None] * len(steps),
+                    "step_errors": [busy] + [None] * (len(steps) - 1),
+                }
+                results.append({"type": "ok", "response": {"type": "batch", "result": result}})
+            close = {"type": "ok", "response": {"type": "close"}}
+            reply = {"baton": None, "base_url": None, "results": [*results, close]}
+            return http.Response(200, {}, json.dumps(reply).encode())
+
+    conn._client = Refusing()
     try:
         exe = Execution(id="busy", definition_id="d")
         step(store, exe, 1)

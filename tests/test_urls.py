@@ -313,7 +313,7 @@ def test_a_tls_form_at_a_plain_http_server_says_what_to_write(
         with pytest.raises(StoreError) as info:
             open_store()
         message = str(info.value)
-        assert message.startswith(f"cannot reach {show(url)}: [SSL"), message
+        assert message.startswith(f"cannot reach {show(url)}: TLS handshake failed: [SSL"), message
         hp = f"127.0.0.1:{server.port}"
         assert message.endswith(
             "the server answered without TLS: for a plain-HTTP server use "

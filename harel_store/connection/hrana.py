@@ -1,4 +1,4 @@
-"""A remote libSQL primary (sqld, Turso) over Hrana 3 over HTTP, with httpx.
+"""A remote libSQL primary (sqld, Turso) over Hrana 3 over HTTP (`http`, our own client).
 
 Every request is one ``POST /v3/pipeline`` on a new stream that it also closes, so no
 server-side state outlives it: a read is one statement; a write is one Hrana batch
@@ -20,10 +20,10 @@ import ssl
 import threading
 import time
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from harel_store.batch import Batch, Conflicted, Request, Statement, shape, statement
+from harel_store.connection import http
 from harel_store.errors import OutcomeUnknown, StoreBusy, StoreError, scrub, translate
 
 _BEGIN, _COMMIT, _ROLLBACK = (statement(n) for n in ("begin", "commit", "rollback"))
@@ -224,20 +224,17 @@ class HranaConnection:
     def __init__(
         self, url: str, where: str, *, auth_token: str, timeout: float, busy_timeout: float
     ) -> None:
-        try:
-            parts = httpx.URL(url)
-        except httpx.InvalidURL as exc:
-            raise ValueError(f"not a usable URL: {where} ({exc})") from None
+        parts = urlsplit(url)
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"not an http(s) URL: {where}")
-        self.url = str(parts.copy_with(username=None, password=None, query=None))
+        host = parts.netloc.rpartition("@")[2]
+        self.url = f"{parts.scheme}://{host}{parts.path}"
         self.where = where
         self.key = self.url  # what tells this database apart in the process: no secret
-        self._endpoint = self.url.rstrip("/") + "/v3/pipeline"
+        self._endpoint = parts.path.rstrip("/") + "/v3/pipeline"
         self._secrets = (auth_token,) if auth_token else ()
         self._plain_hint = ""
         if parts.scheme == "https":
-            host = parts.netloc.decode("ascii")
             self._plain_hint = (
                 "; the server answered without TLS: for a plain-HTTP server use "
                 f"http://{host} or libsql://{host}?tls=0"
@@ -249,12 +246,16 @@ class HranaConnection:
         self._busy_timeout = busy_timeout
         self._options: dict[str, Any] = {
             "headers": headers,
-            "timeout": httpx.Timeout(timeout),
-            # Also for http://: httpx would otherwise load its own CA bundle (~20 ms).
-            "verify": _system_trust(),
+            "timeout": timeout,
+            "ssl_context": _system_trust() if parts.scheme == "https" else None,
         }
-        self._client = httpx.Client(**self._options)
-        self._aclient: httpx.AsyncClient | None = None
+        origin = f"{parts.scheme}://{host}"
+        try:
+            self._client = http.Client(origin, **self._options)
+        except ValueError as exc:  # it names the header, never its value
+            raise ValueError(f"cannot send to {where}: {exc}") from None
+        self._origin = origin
+        self._aclient: http.AsyncClient | None = None
         # Group commit: the writes waiting, and whether a write request is in flight (sync
         # callers: threads under `_turn`; async callers: the sender task of the loop).
         self._waiting: collections.deque[_Pending] = collections.deque()
@@ -309,10 +310,10 @@ class HranaConnection:
         started = time.monotonic()
         for tries in itertools.count():
             try:
-                answer: httpx.Response | httpx.HTTPError = self._client.post(
-                    self._endpoint, content=_body(group)
+                answer: http.Response | http.HTTPFailure = self._client.post(
+                    self._endpoint, _body(group)
                 )
-            except httpx.HTTPError as exc:
+            except http.HTTPFailure as exc:
                 answer = exc
             group, pause = self._settle(group, answer, started, tries)
             if not group:
@@ -322,11 +323,11 @@ class HranaConnection:
     # --- async: tasks of one event loop ---
 
     async def aexecute(self, request: Request) -> Any:
-        """Async version of `execute`, on an ``httpx.AsyncClient`` (made on first use); a
+        """Async version of `execute`, on an `http.AsyncClient` (made on first use); a
         sender task of the store sends the waiting writes."""
         self._check_open()
         if self._aclient is None:
-            self._aclient = httpx.AsyncClient(**self._options)
+            self._aclient = http.AsyncClient(self._origin, **self._options)
         wire = _Wire(request)
         if not wire.write:
             mine = _Pending(wire)
@@ -368,10 +369,10 @@ class HranaConnection:
         started = time.monotonic()
         for tries in itertools.count():
             try:
-                answer: httpx.Response | httpx.HTTPError = await self._aclient.post(
-                    self._endpoint, content=_body(group)
+                answer: http.Response | http.HTTPFailure = await self._aclient.post(
+                    self._endpoint, _body(group)
                 )
-            except httpx.HTTPError as exc:
+            except http.HTTPFailure as exc:
                 answer = exc
             group, pause = self._settle(group, answer, started, tries)
             if not group:
@@ -396,35 +397,29 @@ class HranaConnection:
     def _settle(
         self,
         todo: list[_Pending],
-        answer: httpx.Response | httpx.HTTPError,
+        answer: http.Response | http.HTTPFailure,
         started: float,
         tries: int,
     ) -> tuple[list[_Pending], float]:
         """Record what one attempt came to for each of ``todo``; return those to send again
         (refused as busy within busy_timeout, or a read whose connection broke) and the
         pause before."""
-        if isinstance(answer, httpx.HTTPError):
-            # A read whose connection broke (a kept-alive one the server had just closed,
-            # say) runs once more: it changed nothing. A timeout is not retried: that would
-            # double the wait.
-            if (
-                tries == 0
-                and not todo[0].wire.write
-                and isinstance(answer, httpx.TransportError)
-                and not isinstance(answer, httpx.TimeoutException)
-            ):
+        if isinstance(answer, http.HTTPFailure):
+            # A read whose connection broke runs once more: it changed nothing. A timeout
+            # is not retried: that would double the wait.
+            if tries == 0 and not todo[0].wire.write and isinstance(answer, http.Broken):
                 return todo, 0.0
             for pending in todo:
                 error = self._lost(answer, pending.wire)
                 error.__cause__ = answer
                 pending.settle(None, error)
             return [], 0.0
-        if answer.status_code != 200:
+        if answer.status != 200:
             for pending in todo:
                 pending.settle(None, self._refused(pending.wire, answer))
             return [], 0.0
         try:
-            reply = answer.json()
+            reply = json.loads(answer.body)
             results = reply["results"]
             if not isinstance(results, list) or len(results) != len(todo) + 1:
                 raise ValueError(f"{len(todo) + 1} results expected")
@@ -457,19 +452,19 @@ class HranaConnection:
         error.__cause__ = exc
         return error
 
-    def _lost(self, exc: httpx.HTTPError, wire: _Wire) -> StoreError:
+    def _lost(self, exc: http.HTTPFailure, wire: _Wire) -> StoreError:
         what = scrub(str(exc) or type(exc).__name__, self._secrets)
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        if not exc.sent:  # nothing of the request left: it cannot have landed
             plain = any(marker in what for marker in _PLAIN_HTTP)
             return StoreError(
                 f"cannot reach {self.where}: {what}{self._plain_hint if plain else ''}"
             )
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, http.TimedOut):
             message = f"no answer from {self.where} within {self._timeout:g} s"
-        elif isinstance(exc, httpx.TransportError):
-            message = f"the connection to {self.where} broke before the answer came: {what}"
+        elif isinstance(exc, http.BadResponse):
+            message = f"{self.where} sent an answer that is not HTTP: {what}"
         else:
-            return StoreError(f"cannot send to {self.where}: {what}")
+            message = f"the connection to {self.where} broke before the answer came: {what}"
         if wire.write:
             return OutcomeUnknown(
                 f"{message}; the write may or may not have landed: reload to learn which"
@@ -491,8 +486,8 @@ class HranaConnection:
             raise translate(cause) from cause
         return result
 
-    def _refused(self, wire: _Wire, response: httpx.Response) -> StoreError:
-        status = response.status_code
+    def _refused(self, wire: _Wire, response: http.Response) -> StoreError:
+        status = response.status
         text = scrub(" ".join(response.text.split())[:300], self._secrets)
         message = f"HTTP {status} from {self.where}: {text}"
         if status in (401, 403):
