@@ -91,6 +91,32 @@ def test_concurrent_async_commits_go_one_request_at_a_time_each_with_its_outcome
     asyncio.run(main())
 
 
+def test_writers_that_commit_again_at_once_stay_in_one_group(
+    proxy: Proxy, server: SqldServer
+) -> None:
+    """Each answered writer writes again at once: the next group waits for them (a few
+    turns of the loop) rather than leaving with the first back, so 8 tasks committing 10
+    times each take 10 requests, not 20 of two alternating halves."""
+
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        exes = [Execution(id=f"s-{i}", definition_id="d") for i in range(8)]
+        await asyncio.gather(*(store.save(e) for e in exes))
+
+        async def writer(exe: Execution) -> None:
+            for n in range(10):
+                await store.commit(exe, emit(exe, n))
+
+        sent = proxy.requests
+        await asyncio.gather(*(writer(e) for e in exes))
+        assert proxy.requests - sent == 10
+        assert [e.version for e in exes] == [11] * 8
+        assert len(await store.pending_outbox()) == 80
+        await store.close()
+
+    asyncio.run(main())
+
+
 def test_a_group_is_bounded_and_the_rest_go_in_the_next_request(
     proxy: Proxy, server: SqldServer
 ) -> None:

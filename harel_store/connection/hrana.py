@@ -19,6 +19,7 @@ import random
 import ssl
 import threading
 import time
+from collections.abc import Generator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -153,13 +154,15 @@ class ServerError(Exception):
 GROUP_MAX = 128
 GROUP_BYTES = 1 << 20
 
-# When the last group held more writes than now wait, its callers, just answered, are
-# likely to write again at once (an engine's workers, a relay's handlers): the next group
-# waits for as many writes as the last held, for at most GROUP_WAIT seconds (threads), or
-# _GROUP_TURNS turns of the event loop (tasks). After a group of one (a lone writer) nothing
-# waits. PostgreSQL's commit_delay with commit_siblings is the same idea.
+# The callers of a group just answered are likely to write again at once (an engine's
+# workers, a relay's handlers): the next group waits for them, that is until as many writes
+# wait as were waiting or answered when the answer came, for at most GROUP_WAIT seconds
+# (threads) or _GROUP_TURNS turns of the event loop (tasks). A lone writer's next write
+# finds itself expected, and nothing waits. PostgreSQL's commit_delay with commit_siblings
+# is the same idea.
 GROUP_WAIT = 0.002
-_GROUP_TURNS = 8
+_GROUP_TURNS = 16
+_WAKE_TURN = 2  # async callers woken a turn of the loop (see HranaConnection._asender)
 
 # What an https client reads when the server answered in plain HTTP (OpenSSL's words).
 _PLAIN_HTTP = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST")
@@ -180,9 +183,13 @@ class _Pending:
 
     def settle(self, result: Any, error: BaseException | None) -> None:
         self.result, self.error, self.done = result, error, True
+
+    def wake(self) -> None:
+        """Hand an async caller its outcome."""
         future = self.future
         if future is not None and not future.done():  # done: its caller was cancelled
-            future.set_result(result) if error is None else future.set_exception(error)
+            error = self.error
+            future.set_result(self.result) if error is None else future.set_exception(error)
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -263,7 +270,7 @@ class HranaConnection:
         self._turn = threading.Condition(lock)  # notified when a group's answer is in
         self._arrived = threading.Condition(lock)  # notified when a write arrives
         self._flying = self._gathering = False
-        self._last = 0  # writes in the last group
+        self._expect = 0  # writes waiting, and answered, when the last group's answer came
         self._awaiting: collections.deque[_Pending] = collections.deque()
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
@@ -291,17 +298,17 @@ class HranaConnection:
                 if mine.done:
                     return mine.outcome()
                 self._flying = True  # this thread sends the next group (it may hold others)
-                if len(self._waiting) < self._last:  # see GROUP_WAIT
+                if len(self._waiting) < self._expect:  # see GROUP_WAIT
                     self._gathering = True
-                    self._arrived.wait_for(lambda: len(self._waiting) >= self._last, GROUP_WAIT)
+                    self._arrived.wait_for(lambda: len(self._waiting) >= self._expect, GROUP_WAIT)
                     self._gathering = False
                 group = _take(self._waiting)
-                self._last = len(group)
             try:
                 self._send(group)
             finally:
                 self._abandon(group)
                 with self._turn:
+                    self._expect = min(len(self._waiting) + len(group), GROUP_MAX)
                     self._flying = False
                     self._turn.notify_all()
 
@@ -315,7 +322,13 @@ class HranaConnection:
                 )
             except http.HTTPFailure as exc:
                 answer = exc
-            group, pause = self._settle(group, answer, started, tries)
+            settle = self._settle(group, answer, started, tries)
+            while True:
+                try:
+                    next(settle)
+                except StopIteration as stop:
+                    group, pause = stop.value
+                    break
             if not group:
                 return
             time.sleep(pause)
@@ -341,30 +354,37 @@ class HranaConnection:
 
     async def _asender(self) -> None:
         """Send the waiting writes, a group per request, until none waits."""
-        last = 0
+        expect = 1
         try:
-            while self._awaiting:
+            while True:
                 # Let the writes of the last group, just answered, queue again first (see
                 # GROUP_WAIT): a few turns of the loop, no timed wait.
                 for _ in range(_GROUP_TURNS):
-                    if len(self._awaiting) >= last:
+                    if len(self._awaiting) >= expect:
                         break
                     await asyncio.sleep(0)
+                if not self._awaiting:
+                    return
                 group = _take(self._awaiting)
-                last = len(group)
                 try:
-                    await self._asend(group)
+                    expect = min(await self._asend(group) + len(group), GROUP_MAX)
                 finally:
                     self._abandon(group)
+                    for pending in group:
+                        pending.wake()
         finally:
             self._sender = None
             while self._awaiting:  # the sender itself was cancelled: these were never sent
-                self._awaiting.popleft().settle(
+                pending = self._awaiting.popleft()
+                pending.settle(
                     None, StoreError(f"the write to {self.where} was not sent: the store closed")
                 )
+                pending.wake()
 
-    async def _asend(self, group: list[_Pending]) -> None:
-        """Async version of `_send`."""
+    async def _asend(self, group: list[_Pending]) -> int:
+        """Async version of `_send`; it wakes each caller as its outcome is known, a few
+        in a turn of the loop (the next steps of 32 callers run in one turn would stall the
+        loop for milliseconds). Returns how many writes waited when the last answer came."""
         assert self._aclient is not None
         started = time.monotonic()
         for tries in itertools.count():
@@ -374,10 +394,20 @@ class HranaConnection:
                 )
             except http.HTTPFailure as exc:
                 answer = exc
-            group, pause = self._settle(group, answer, started, tries)
+            waiting = len(self._awaiting)
+            settle = self._settle(group, answer, started, tries)
+            for n in itertools.count(1):
+                try:
+                    next(settle).wake()
+                except StopIteration as stop:
+                    group, pause = stop.value
+                    break
+                if n % _WAKE_TURN == 0:
+                    await asyncio.sleep(0)
             if not group:
-                return
+                return waiting
             await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
 
     # --- what an answer means, for every request of it ---
 
@@ -400,10 +430,10 @@ class HranaConnection:
         answer: http.Response | http.HTTPFailure,
         started: float,
         tries: int,
-    ) -> tuple[list[_Pending], float]:
-        """Record what one attempt came to for each of ``todo``; return those to send again
-        (refused as busy within busy_timeout, or a read whose connection broke) and the
-        pause before."""
+    ) -> Generator[_Pending, None, tuple[list[_Pending], float]]:
+        """Record what one attempt came to for each of ``todo``, yielding each as its
+        outcome is settled; return those to send again (refused as busy within
+        busy_timeout, or a read whose connection broke) and the pause before."""
         if isinstance(answer, http.HTTPFailure):
             # A read whose connection broke runs once more: it changed nothing. A timeout
             # is not retried: that would double the wait.
@@ -413,10 +443,12 @@ class HranaConnection:
                 error = self._lost(answer, pending.wire)
                 error.__cause__ = answer
                 pending.settle(None, error)
+                yield pending
             return [], 0.0
         if answer.status != 200:
             for pending in todo:
                 pending.settle(None, self._refused(pending.wire, answer))
+                yield pending
             return [], 0.0
         try:
             reply = json.loads(answer.body)
@@ -426,6 +458,7 @@ class HranaConnection:
         except (ValueError, KeyError, TypeError) as exc:
             for pending in todo:
                 pending.settle(None, self._garbled(pending.wire, exc))
+                yield pending
             return [], 0.0
         pause = min(0.002 * 2**tries, 0.05) * random.uniform(0.5, 1.5)
         in_time = time.monotonic() + pause - started < self._busy_timeout
@@ -436,10 +469,11 @@ class HranaConnection:
             except StoreBusy as exc:
                 if in_time:
                     again.append(pending)
-                else:
-                    pending.settle(None, exc)
+                    continue
+                pending.settle(None, exc)
             except (StoreError, Conflicted) as exc:
                 pending.settle(None, exc)
+            yield pending
         return again, pause
 
     def _garbled(self, wire: _Wire, exc: Exception) -> StoreError:
