@@ -198,12 +198,17 @@ class _Pending:
 
 
 def _take(waiting: collections.deque[_Pending]) -> list[_Pending]:
-    """The next group: the oldest waiting writes, within `GROUP_MAX` and `GROUP_BYTES`."""
-    group = [waiting.popleft()]
-    size = len(group[0].wire.part)
+    """The next group: the oldest waiting writes, within `GROUP_MAX` and (past the first)
+    `GROUP_BYTES`; a write whose async caller left before it was sent is dropped."""
+    group: list[_Pending] = []
+    size = 0
     while waiting and len(group) < GROUP_MAX:
-        size += len(waiting[0].wire.part)
-        if size > GROUP_BYTES:
+        pending = waiting[0]
+        if pending.future is not None and pending.future.cancelled():
+            waiting.popleft()
+            continue
+        size += len(pending.wire.part)
+        if group and size > GROUP_BYTES:
             break
         group.append(waiting.popleft())
     return group
@@ -293,16 +298,28 @@ class HranaConnection:
                 self._arrived.notify()
         while True:
             with self._turn:
-                while self._flying and not mine.done:
-                    self._turn.wait()
-                if mine.done:
+                leading = False
+                try:
+                    while self._flying and not mine.done:
+                        self._turn.wait()
+                    if not mine.done:
+                        self._flying = leading = True  # this thread sends the next group
+                        if len(self._waiting) < self._expect:  # see GROUP_WAIT
+                            self._gathering = True
+                            self._arrived.wait_for(
+                                lambda: len(self._waiting) >= self._expect, GROUP_WAIT
+                            )
+                            self._gathering = False
+                        group = _take(self._waiting)
+                except BaseException:  # KeyboardInterrupt while waiting: nothing sent
+                    if mine in self._waiting:
+                        self._waiting.remove(mine)
+                    if leading:
+                        self._flying = self._gathering = False
+                        self._turn.notify_all()
+                    raise
+                if not leading:
                     return mine.outcome()
-                self._flying = True  # this thread sends the next group (it may hold others)
-                if len(self._waiting) < self._expect:  # see GROUP_WAIT
-                    self._gathering = True
-                    self._arrived.wait_for(lambda: len(self._waiting) >= self._expect, GROUP_WAIT)
-                    self._gathering = False
-                group = _take(self._waiting)
             try:
                 self._send(group)
             finally:
@@ -366,6 +383,8 @@ class HranaConnection:
                 if not self._awaiting:
                     return
                 group = _take(self._awaiting)
+                if not group:
+                    continue
                 try:
                     expect = min(await self._asend(group) + len(group), GROUP_MAX)
                 finally:
