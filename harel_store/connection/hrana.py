@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import itertools
 import json
 import random
@@ -278,6 +279,7 @@ class HranaConnection:
         self._expect = 0  # writes waiting, and answered, when the last group's answer came
         self._awaiting: collections.deque[_Pending] = collections.deque()
         self._sender: asyncio.Task[None] | None = None
+        self._aexpect = 0  # as _expect, for the sender task
         self._closed = False
 
     def _check_open(self) -> None:
@@ -371,22 +373,19 @@ class HranaConnection:
 
     async def _asender(self) -> None:
         """Send the waiting writes, a group per request, until none waits."""
-        expect = 1
         try:
-            while True:
+            while self._awaiting:
                 # Let the writes of the last group, just answered, queue again first (see
                 # GROUP_WAIT): a few turns of the loop, no timed wait.
                 for _ in range(_GROUP_TURNS):
-                    if len(self._awaiting) >= expect:
+                    if len(self._awaiting) >= self._aexpect:
                         break
                     await asyncio.sleep(0)
-                if not self._awaiting:
-                    return
                 group = _take(self._awaiting)
                 if not group:
                     continue
                 try:
-                    expect = min(await self._asend(group) + len(group), GROUP_MAX)
+                    self._aexpect = min(await self._asend(group) + len(group), GROUP_MAX)
                 finally:
                     self._abandon(group)
                     for pending in group:
@@ -562,6 +561,11 @@ class HranaConnection:
 
     async def aclose(self) -> None:
         self._closed = True
+        sender = self._sender
+        if sender is not None and sender is not asyncio.current_task():
+            sender.cancel()  # its writes not yet sent fail: the store is closed
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
         if self._aclient is not None:
             await self._aclient.aclose()
         self._client.close()
