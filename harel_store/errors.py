@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from urllib.parse import quote
 
 
 class StoreError(Exception):
@@ -44,10 +46,17 @@ _AUTH = re.compile(r"\b401\b|unauthori[sz]ed|authenticat", re.IGNORECASE)
 
 
 def scrub(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every secret in it replaced by ``***``."""
+    """``text`` with every secret in it replaced by ``***``: as is, as JSON or a URL would
+    escape it, and a tail of the text that is the start of one (a cut-off echo)."""
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+        if not secret:
+            continue
+        for form in {secret, json.dumps(secret)[1:-1], quote(secret, safe="")}:
+            text = text.replace(form, "***")
+        for n in range(min(len(secret), len(text)), 7, -1):  # 8 characters or more
+            if text.endswith(secret[:n]):
+                text = text[:-n] + "***"
+                break
     return text
 
 

@@ -75,6 +75,10 @@ REMEMBERED = 10_000
 ABOVE_ALL = b""
 BELOW_ALL_TIMES = -sys.float_info.max
 
+# How often purge_tree reads a tree again after its delete met a member that had moved: a
+# tree that busy, or a server that refuses every delete, fails instead of looping.
+_PURGE_TRIES = 100
+
 T = TypeVar("T")
 
 
@@ -1034,7 +1038,7 @@ class Store:
     def _purge_tree(self, execution_id: str, expected_version: int) -> Plan[list[str]]:
         check_id(execution_id, "execution_id")
         check_int(expected_version, "expected_version")
-        while True:
+        for _ in range(_PURGE_TRIES):
             tree = self._summaries((yield statement("execution_tree", execution_id)))
             if not tree or tree[0].version != expected_version:
                 return []
@@ -1059,6 +1063,10 @@ class Store:
                 continue
             self._forget(s.id for s in tree)
             return [s.id for s in tree]
+        raise StoreError(
+            f"cannot purge the tree of {execution_id!r}: it changed under each of "
+            f"{_PURGE_TRIES} tries (the tree read again each time)"
+        )
 
 
 class LibsqlStore(Store):

@@ -59,12 +59,27 @@ def _stmt(statement: Statement) -> dict[str, Any]:
 
 
 def _column(value: dict[str, Any]) -> Any:
+    """A Hrana value as Python, checked against the type it declares."""
     kind = value["type"]
     if kind == "integer":
-        return int(value["value"])
+        text = value["value"]
+        if not isinstance(text, str):
+            raise TypeError("an integer that is not a decimal string")
+        return int(text)
+    if kind == "float":
+        number = value["value"]  # a JSON number: exact
+        if not isinstance(number, (int, float)) or isinstance(number, bool):
+            raise TypeError("a float that is not a number")
+        return float(number)
+    if kind == "text":
+        if not isinstance(text := value["value"], str):
+            raise TypeError("a text value that is not a string")
+        return text
     if kind == "blob":
         return base64.b64decode(value["base64"])
-    return value.get("value")  # text, float (JSON numbers in the reply are exact), null
+    if kind == "null":
+        return None
+    raise ValueError(f"a value of an unknown type {str(kind)[:20]!r}")
 
 
 def _result(statement: Statement, result: dict[str, Any]) -> Any:
@@ -111,9 +126,10 @@ class _Wire:
         self.part = _json({"type": "batch", "batch": {"steps": steps}})
 
     def decode(self, first: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
-        """The request's result, or the server's error (nothing of the request applied)."""
+        """The request's result, or the server's error (nothing of the request applied);
+        a reply of another shape raises ValueError, KeyError, TypeError or IndexError."""
         if first["type"] != "ok":
-            return None, first["error"]
+            return None, _error(first["error"])
         result = first["response"]["result"]
         if not isinstance(self.request, Batch):
             return _result(self.request, result), None
@@ -127,7 +143,16 @@ class _Wire:
             if self.conflict is not None and request.conflict is not None:
                 found = _result(request.conflict, results[self.conflict])
             raise Conflicted(self.guards[failed], found)
-        return None, errors[failed]
+        return None, _error(errors[failed])
+
+
+def _error(error: Any) -> dict[str, Any]:
+    """A Hrana error object, checked: ``{"message": str, "code": str | None}``."""
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        raise TypeError(f"an error that is not a Hrana error object: {type(error).__name__}")
+    if not isinstance(error.get("code"), (str, type(None))):
+        raise TypeError("an error code that is not text")
+    return error
 
 
 def _json(value: dict[str, Any]) -> bytes:
@@ -138,6 +163,11 @@ def _body(group: list[_Pending]) -> bytes:
     """One pipeline on a new stream: the requests in order, then ``close``."""
     parts = b",".join(pending.wire.part for pending in group)
     return b'{"baton":null,"requests":[' + parts + b',{"type":"close"}]}'
+
+
+class BadReply(Exception):
+    """Why a reply could not be read (the parser's complaint, scrubbed): the ``__cause__``
+    of the StoreError raised."""
 
 
 class ServerError(Exception):
@@ -335,6 +365,9 @@ class HranaConnection:
         """Send ``group`` in one request (again, for those refused as busy) and settle each."""
         started = time.monotonic()
         for tries in itertools.count():
+            if self._closed:  # closed meanwhile (a read's second try, a write that waited)
+                self._refuse_closed(group)
+                return
             try:
                 answer: http.Response | http.HTTPFailure = self._client.post(
                     self._endpoint, _body(group)
@@ -406,6 +439,11 @@ class HranaConnection:
         assert self._aclient is not None
         started = time.monotonic()
         for tries in itertools.count():
+            if self._closed:
+                self._refuse_closed(group)
+                for pending in group:
+                    pending.wake()
+                return len(self._awaiting)
             try:
                 answer: http.Response | http.HTTPFailure = await self._aclient.post(
                     self._endpoint, _body(group)
@@ -428,6 +466,10 @@ class HranaConnection:
         raise AssertionError("unreachable")
 
     # --- what an answer means, for every request of it ---
+
+    def _refuse_closed(self, group: list[_Pending]) -> None:
+        for pending in group:
+            pending.settle(None, StoreError(f"the store on {self.where} is closed"))
 
     def _abandon(self, group: list[_Pending]) -> None:
         """A group whose sending was interrupted (KeyboardInterrupt, a cancelled sender):
@@ -473,7 +515,7 @@ class HranaConnection:
             results = reply["results"]
             if not isinstance(results, list) or len(results) != len(todo) + 1:
                 raise ValueError(f"{len(todo) + 1} results expected")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             for pending in todo:
                 pending.settle(None, self._garbled(pending.wire, exc))
                 yield pending
@@ -495,13 +537,15 @@ class HranaConnection:
         return again, pause
 
     def _garbled(self, wire: _Wire, exc: Exception) -> StoreError:
-        message = f"{self.where} sent a reply that is not a Hrana pipeline result ({exc!r})"
+        what = scrub(repr(exc), self._secrets)[:300]  # a cell's text may echo anything
+        message = f"{self.where} sent a reply that is not a Hrana pipeline result ({what})"
         error = (
             OutcomeUnknown(f"{message}; the write may or may not have landed")
             if wire.write
             else StoreError(message)
         )
-        error.__cause__ = exc
+        # The parser's own exception would show the reply's text unscrubbed in a traceback.
+        error.__cause__ = BadReply(what)
         return error
 
     def _lost(self, exc: http.HTTPFailure, wire: _Wire) -> StoreError:
@@ -529,18 +573,17 @@ class HranaConnection:
             result, error = wire.decode(first)
         except Conflicted:
             raise
-        except (ValueError, KeyError, TypeError, IndexError, StopIteration) as exc:
-            raise self._garbled(wire, exc) from exc
+        except (ValueError, KeyError, TypeError, IndexError, StopIteration, AttributeError) as exc:
+            garbled = self._garbled(wire, exc)
+            raise garbled from garbled.__cause__
         if error is not None:
-            cause = ServerError(
-                scrub(str(error.get("message", "")), self._secrets), error.get("code")
-            )
+            cause = ServerError(scrub(error["message"], self._secrets), error.get("code"))
             raise translate(cause) from cause
         return result
 
     def _refused(self, wire: _Wire, response: http.Response) -> StoreError:
         status = response.status
-        text = scrub(" ".join(response.text.split())[:300], self._secrets)
+        text = scrub(" ".join(response.text.split()), self._secrets)[:300]
         message = f"HTTP {status} from {self.where}: {text}"
         if status in (401, 403):
             return StoreError(
