@@ -52,6 +52,11 @@ class AsyncLibsqlStore:
     """Async version of `LibsqlStore` (see the module docstring for how each call runs)."""
 
     def __init__(self, store: Store) -> None:
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"AsyncLibsqlStore wraps a store, not a {type(store).__name__}: open one with "
+                "`store = await AsyncLibsqlStore.create(database, ...)`"
+            )
         self._s = store
         conn = store._conn
         self._remote = conn if isinstance(conn, HranaConnection) else None

@@ -280,9 +280,10 @@ def decode_cursor(cursor: str, order: str = "id") -> tuple[str, float | None]:
         after, made_for, at = body["after"], body.get("order", "id"), body.get("at")
     except (UnicodeError, binascii.Error, ValueError, TypeError, KeyError, AttributeError):
         raise ValueError(f"not a cursor from list_executions: {cursor!r:.80}") from None
-    timed = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
+    timed = isinstance(at, (int, float)) and not isinstance(at, bool) and _finite(at)
     if (
         not isinstance(after, str)
+        or _SURROGATE.search(after)
         or made_for not in ORDERS
         or (made_for == "id" and at is not None)
         or (made_for == "newest" and at is not None and not timed)
@@ -295,6 +296,13 @@ def decode_cursor(cursor: str, order: str = "id") -> tuple[str, float | None]:
             "the newest_first and updated_after/updated_before of the listing it came from"
         )
     return after, None if at is None else float(at)
+
+
+def _finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int past the largest float
+        return False
 
 
 def prefix_upper(prefix: str) -> str | bytes:

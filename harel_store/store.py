@@ -30,6 +30,7 @@ from harel_store.checks import (
     check_id,
     check_int,
     check_max_attempts,
+    check_text,
     check_timeout,
     check_trace_max,
     decode_cursor,
@@ -537,6 +538,8 @@ class Store:
         check_id(definition_id, "definition_id", optional=True)
         if id_prefix is not None and not isinstance(id_prefix, str):
             raise TypeError(f"id_prefix must be a string, not {type(id_prefix).__name__}")
+        if id_prefix is not None:
+            check_text(id_prefix, "id_prefix")
         first, beyond = ("", ABOVE_ALL) if not id_prefix else (id_prefix, prefix_upper(id_prefix))
         for flag, value in (("roots_only", roots_only), ("newest_first", newest_first)):
             if not isinstance(value, bool):
@@ -600,6 +603,7 @@ class Store:
     def _ids_with_prefix(self, prefix: str) -> Plan[list[str]]:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a string, not {type(prefix).__name__}")
+        check_text(prefix, "prefix")
         rows = yield statement("ids_in_range", prefix, prefix_upper(prefix))
         return [row[0] for row in rows]
 

@@ -189,6 +189,25 @@ BAD: list[tuple[str, Callable[[Store], Any], type[Exception]]] = [
         lambda s: s.list_executions(cursor="' OR 1=1; DROP TABLE harel_executions; --"),
         ValueError,
     ),
+    (
+        "cursor lone surrogate",
+        lambda s: s.list_executions(
+            cursor=base64.urlsafe_b64encode(b'{"after": "\\ud800"}').decode()
+        ),
+        ValueError,
+    ),
+    (
+        "cursor huge time",
+        lambda s: s.list_executions(
+            newest_first=True,
+            cursor=base64.urlsafe_b64encode(
+                b'{"after": "a", "order": "newest", "at": 1' + b"0" * 400 + b"}"
+            ).decode(),
+        ),
+        ValueError,
+    ),
+    ("ids_with_prefix lone surrogate", lambda s: s.ids_with_prefix("a\ud800"), ValueError),
+    ("id_prefix lone surrogate", lambda s: s.list_executions(id_prefix="\udfff"), ValueError),
     ("limit 0", lambda s: s.list_executions(limit=0), ValueError),
     ("limit -1", lambda s: s.list_executions(limit=-1), ValueError),
     ("limit huge", lambda s: s.list_executions(limit=10**12), ValueError),
@@ -463,3 +482,10 @@ def test_json_stays_readable_by_other_tools(tmp_path: Path) -> None:
         assert raw.execute("SELECT json_valid(data) FROM harel_executions").fetchone() == (1,)
     finally:
         raw.close()
+
+
+def test_the_async_twin_built_from_a_path_says_to_await_create() -> None:
+    from harel_store import AsyncLibsqlStore
+
+    with pytest.raises(TypeError, match=r"await AsyncLibsqlStore.create"):
+        AsyncLibsqlStore("x.db")  # type: ignore[arg-type]
