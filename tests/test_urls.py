@@ -87,6 +87,8 @@ REFUSED = [
     ("sqlite+libsql:///f.db?authToken=SECRET", "an authToken means nothing to it"),
     ("sqlite+libsql:///f.db?timeout=5", "cannot honour URI options (timeout)"),
     ("file://otherhost/f.db", "names a file on this machine"),
+    ("file:f%00.db", "must not contain a NUL character"),
+    ("sqlite+libsql:///f%00.db", "must not contain a NUL character"),
     ("file:", "no path"),
     ("file:f.db#SECRET", "no #fragment"),
     ("http://127.0.0.1:1?foo=SECRET", "unknown query parameter 'foo'"),

@@ -154,10 +154,17 @@ def _file(text: str) -> DatabaseURL:
         raise ValueError(f"{where}: a file: URI takes no #fragment")
     if parts.netloc not in ("", "localhost"):
         raise ValueError(f"{where}: a file: URI names a file on this machine (file:///path)")
-    path = unquote(parts.path)
+    path = _no_nul(unquote(parts.path), where)
     if not path:
         raise ValueError(f"{where}: a file: URI with no path")
     return DatabaseURL(path, None, path)
+
+
+def _no_nul(path: str, where: str) -> str:
+    """A decoded path, refused where it holds a NUL (``%00``), as a plain path is."""
+    if "\x00" in path:
+        raise ValueError(f"{where}: the path must not contain a NUL character (%00)")
+    return path
 
 
 def _sqlalchemy_file(text: str, where: str) -> DatabaseURL:
@@ -166,7 +173,7 @@ def _sqlalchemy_file(text: str, where: str) -> DatabaseURL:
     _refuse_options(_options(query, where), where)
     if "#" in rest:
         raise ValueError(f"{where}: a database URL takes no #fragment")
-    path = unquote(rest[1:]) or ":memory:"  # as SQLAlchemy: sqlite:// is in memory
+    path = _no_nul(unquote(rest[1:]), where) or ":memory:"  # as SQLAlchemy: in memory
     return DatabaseURL(path, None, path)
 
 
