@@ -116,6 +116,11 @@ def parse_database(database: str | os.PathLike[str], auth_token: str = "") -> Da
         return _sqlalchemy_file(text, where)
     if scheme not in _REMOTE:
         raise ValueError(f"{where}: {scheme}:// names a file; for a server use {_KNOWN}")
+    if "@" in text[match.end() :]:  # a user part, maybe with /, ? or # in its password
+        raise ValueError(
+            f"{where}: a database URL takes no user name or password; "
+            "give the token as ?authToken= or auth_token"
+        )
     return _remote(scheme, parts, where, auth_token)
 
 
@@ -222,6 +227,10 @@ def show(database: str | os.PathLike[str]) -> str:
     text = os.fspath(database) if isinstance(database, os.PathLike) else str(database)
     if isinstance(database, os.PathLike) or not ("://" in text or text[:5].lower() == "file:"):
         return text.partition("?")[0] if _TOKEN.search(text) else text
+    scheme, _, rest = text.partition("://")
+    if "@" in rest and not rest.startswith("/"):  # a host's URL, not a file's (:///path)
+        # A user part, whose password may hold /, ? or #: nothing before the @ is shown.
+        text = f"{scheme}://{rest.rpartition('@')[2]}"
     base, _, query = text.split("#", 1)[0].partition("?")
     kept = [
         part
