@@ -634,3 +634,17 @@ def test_no_secret_of_a_url_is_printed(tmp_path: Path) -> None:
     line = failed(cli("migrate", "--url", f"{missing}?authToken=SECRET"), 2)
     assert "an authToken means nothing to it" in line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("token", ["sekret-token-123\n", "sekret\r\ntoken-123", "sekret%00x"])
+def test_a_token_that_cannot_be_a_header_is_refused_and_never_printed(
+    token: str, tmp_path: Path
+) -> None:
+    if "%" in token:  # no environment variable or argument holds a NUL: a URL's %00 does
+        result = cli("status", "--url", f"http://127.0.0.1:9?authToken={token}", cwd=tmp_path)
+    else:
+        env = {"HAREL_AUTH_TOKEN": token}
+        result = cli("status", "--url", "http://127.0.0.1:9", cwd=tmp_path, env=env)
+    line = failed(result, 2)
+    assert "Authorization" in line
+    assert "sekret" not in result.stdout + result.stderr
