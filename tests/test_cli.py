@@ -19,7 +19,7 @@ import libsql
 import pytest
 
 import harel_store
-from harel_store import HEAD, Event, Execution, LibsqlStore, TimerOp
+from harel_store import HEAD, Event, Execution, LibsqlStore, SqliteStore, StoreError, TimerOp
 from harel_store.cli import COMMANDS, main
 from harel_store.models import Status
 from harel_store.sql import MIGRATIONS, SQL_DIR
@@ -648,3 +648,18 @@ def test_a_token_that_cannot_be_a_header_is_refused_and_never_printed(
     line = failed(result, 2)
     assert "Authorization" in line
     assert "sekret" not in result.stdout + result.stderr
+
+
+def test_a_file_that_cannot_be_opened_is_named_with_its_cause(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "dir" / "x.db"
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database, " * 200)
+    causes = {missing: "the file cannot be opened or created", junk: "it is not a SQLite database"}
+    for path, cause in causes.items():
+        for command in (("migrate",), ("status",))[: 1 if path == missing else 2]:
+            line = failed(cli(*command, "--url", str(path), cwd=tmp_path))
+            assert line.startswith(f"harel-store: error: cannot open {path}: {cause}"), line
+        for opener in (LibsqlStore, SqliteStore):
+            with pytest.raises(StoreError, match=f"^cannot open {re.escape(str(path))}: {cause}"):
+                opener(path)
+    assert not missing.parent.exists()

@@ -19,6 +19,7 @@ from harel_store.cli.common import (
 )
 from harel_store.cli.output import PROG, Failure
 from harel_store.connection import show
+from harel_store.connection.local import why_not
 from harel_store.connection.revision import revision
 from harel_store.migrate import alembic_config
 from harel_store.schema import describe, diff, head_schema
@@ -52,7 +53,9 @@ def migrate(args: argparse.Namespace) -> int:
         try:
             step(config, target, sql=args.sql)
         except (ValueError, TypeError) as exc:  # the driver's, under Alembic: not a usage error
-            raise Failure(str(exc)) from exc
+            text = str(exc)
+            why = why_not(text)  # a file that cannot be opened, in the store's words
+            raise Failure(text if why == text else f"cannot open {show(where)}: {why}") from exc
         if args.sql:
             return 0
         after = current_revision(where)

@@ -224,4 +224,17 @@ def open_file(
     except BaseException as exc:
         if not is_driver_error(exc):
             raise
-        raise translate(exc, quoted=str(database)) from exc
+        error = translate(exc, quoted=str(database))
+        if type(error) is StoreError:  # not busy: the file itself is the trouble
+            error = StoreError(f"cannot open {database}: {why_not(str(error))}")
+        raise error from exc
+
+
+def why_not(text: str) -> str:
+    """Why a file did not open, in the store's words (the drivers say it three ways)."""
+    lowered = text.lower()
+    if "not a database" in lowered:
+        return "it is not a SQLite database"
+    if "unable to open" in lowered or lowered.rstrip().endswith(": 14"):  # SQLITE_CANTOPEN
+        return "the file cannot be opened or created there (no such directory, or no permission)"
+    return text
