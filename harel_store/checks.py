@@ -198,7 +198,15 @@ def _check_text_or_none(value: object, name: str) -> None:
     if value is not None:
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string or None, not {value!r:.40}")
-        check_text(value, name)
+        check_column_text(value, name)
+
+
+def check_column_text(value: str, name: str) -> str:
+    """Text bound to a column of its own (not inside a JSON document): as `check_text`,
+    and no NUL, at which a driver's text ends (libsql keeps only what comes before)."""
+    if "\x00" in value:
+        raise ValueError(f"{name} must not contain a NUL character")
+    return check_text(value, name)
 
 
 def check_event(event: Event) -> None:
@@ -222,7 +230,7 @@ def check_definition(record: DefinitionRecord) -> None:
         raise ValueError(f"definition version must be >= 0, not {record.version}")
     if not isinstance(record.digest, str) or not 0 < len(record.digest) <= MAX_ID_LENGTH:
         raise ValueError(f"definition digest must be a string of 1 to {MAX_ID_LENGTH} characters")
-    check_text(record.digest, "definition digest")
+    check_column_text(record.digest, "definition digest")
     if record.published_at is not None:
         check_finite(record.published_at, "definition published_at")
 

@@ -234,6 +234,10 @@ BAD: list[tuple[str, Callable[[Store], Any], type[Exception]]] = [
     ("load lone surrogate", lambda s: s.load("\ud800"), ValueError),
     ("trace of a lone surrogate", lambda s: s.read_trace("a\udfffb"), ValueError),
     ("outcome lone surrogate", lambda s: s.commit(exe(outcome="\ud800"), []), ValueError),
+    # text a column of its own would cut at a NUL
+    ("outcome NUL", lambda s: s.commit(exe(outcome="ok\x00tail"), []), ValueError),
+    ("active_path NUL", lambda s: s.commit(exe(active_path="a\x00b"), []), ValueError),
+    ("digest NUL", lambda s: s.publish_definition(defn(digest="sha\x00x")), ValueError),
     # documents json would not give back as given
     (
         "context colliding keys",
