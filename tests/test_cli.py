@@ -663,3 +663,16 @@ def test_a_file_that_cannot_be_opened_is_named_with_its_cause(tmp_path: Path) ->
             with pytest.raises(StoreError, match=f"^cannot open {re.escape(str(path))}: {cause}"):
                 opener(path)
     assert not missing.parent.exists()
+
+
+def test_a_corrupt_summary_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    with LibsqlStore(db) as store:
+        store.save(Execution(id="kid", definition_id="d"))
+    raw = sqlite3.connect(db)  # the store is closed: one library on the file at a time
+    with raw:
+        raw.execute("UPDATE harel_executions SET version = 'seven'")
+    raw.close()
+    for command in (("ls",), ("show", "kid")):
+        line = failed(cli(*command, "--url", str(db), cwd=tmp_path), 1)
+        assert "summary of execution 'kid' is corrupt" in line, line

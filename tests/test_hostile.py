@@ -493,3 +493,30 @@ def test_the_async_twin_built_from_a_path_says_to_await_create() -> None:
 
     with pytest.raises(TypeError, match=r"await AsyncLibsqlStore.create"):
         AsyncLibsqlStore("x.db")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("version", "seven"), ("version", 2.5), ("updated_at", "noon"), ("finished_at", b"\x01")],
+)
+def test_a_summary_column_corrupted_on_disk_is_named(
+    driver: str, column: str, value: Any, tmp_path: Path
+) -> None:
+    db = tmp_path / "summary.db"
+    with open_store(driver, db) as store:
+        store.save(Execution(id="root", definition_id="d", status="finished"))
+        store.save(Execution(id="kid", definition_id="d", parent_id="root", status="finished"))
+    raw = sqlite3.connect(db)  # the store is closed: one library on the file at a time
+    with raw:
+        raw.execute(f"UPDATE harel_executions SET {column} = ? WHERE id = 'kid'", (value,))
+    raw.close()
+    with open_store(driver, db) as store:
+        for read in (
+            lambda: store.list_executions(),
+            lambda: store.children_of("root"),
+            lambda: store.purge_tree("root", 1),
+        ):
+            with pytest.raises(StoreError, match="summary of execution 'kid' is corrupt"):
+                read()
+        assert store.load("root") is not None  # the rest still works
