@@ -54,6 +54,22 @@ def sqld(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
         print(f"\nsqld log kept at {server.log_path}:\n{server.log_tail()}")
 
 
+@pytest.fixture
+def server(sqld: Any) -> Any:
+    """The session's sqld, emptied."""
+    reset_remote(sqld)
+    return sqld
+
+
+@pytest.fixture
+def proxy(server: Any) -> Iterator[Any]:
+    """A loopback proxy in front of `server` (`tests.proxy`), to make the network misbehave."""
+    from tests.proxy import Proxy
+
+    with Proxy(server.port or 0) as p:
+        yield p
+
+
 def reset_remote(server: Any) -> None:
     """Empty the server's database between tests (one server serves the whole session): its
     rows, and the triggers tests added (the schema's own are named harel_*)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +93,11 @@ def check_0003_rows(store: Any) -> None:
     assert store.read_trace("a") == [{"s": 0, "index": 0}, {"s": 1, "index": 1}]
     store.append_trace("b", {"s": 8})  # the ring goes on from the last index it holds
     assert store.read_trace("b") == [{"s": 7, "index": 7}, {"s": 8, "index": 8}]
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after 10 s."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.002)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -22,32 +20,13 @@ from harel_store import (
     StoreConflict,
 )
 from harel_store.connection.hrana import GROUP_MAX
-from tests.conftest import reset_remote
+from tests.helpers import wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
 
 HOLD = 0.3  # seconds the proxy holds each request: the others arrive meanwhile
-
-
-@pytest.fixture
-def server(sqld: SqldServer) -> SqldServer:
-    reset_remote(sqld)
-    return sqld
-
-
-@pytest.fixture
-def proxy(server: SqldServer) -> Iterator[Proxy]:
-    with Proxy(server.port or 0) as p:
-        yield p
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.002)
 
 
 def emit(exe: Execution, n: int = 0) -> Any:

@@ -25,19 +25,12 @@ from harel_store import (
 )
 from harel_store.connection import http
 from harel_store.errors import scrub
-from tests.conftest import reset_remote
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
 
 Bend = Callable[[dict[str, Any]], Any]  # the real reply's JSON -> the body to send instead
-
-
-@pytest.fixture
-def server(sqld: SqldServer) -> SqldServer:
-    reset_remote(sqld)
-    return sqld
 
 
 @pytest.fixture

@@ -32,19 +32,11 @@ from harel_store import (
 from harel_store.connection.http import ConnectFailed
 from harel_store.schema import describe
 from harel_store.sql import HEAD, MIGRATIONS
-from tests.conftest import reset_remote
 from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, rows_0003, stage_0003
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def server(sqld: SqldServer) -> SqldServer:
-    """The session's server, emptied."""
-    reset_remote(sqld)
-    return sqld
 
 
 @pytest.fixture

@@ -34,23 +34,11 @@ from harel_store import (
     TimerOp,
 )
 from harel_store.connection import http
-from tests.conftest import reset_remote
+from tests.helpers import wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
-
-
-@pytest.fixture
-def server(sqld: SqldServer) -> SqldServer:
-    reset_remote(sqld)
-    return sqld
-
-
-@pytest.fixture
-def proxy(server: SqldServer) -> Iterator[Proxy]:
-    with Proxy(server.port or 0) as p:
-        yield p
 
 
 def step(store: Any, exe: Execution, n: int) -> Any:
@@ -68,13 +56,6 @@ def requests_of(proxy: Proxy, call: Callable[[], Any]) -> int:
     before = proxy.requests
     call()
     return proxy.requests - before
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.005)
 
 
 # --- one request per read and per write ---

@@ -38,7 +38,6 @@ from harel_store.connection.url import (
     show,
     token_from_env,
 )
-from tests.conftest import reset_remote
 from tests.helpers import ALEMBIC
 from tests.sqld import SqldServer
 from tests.test_cli import cli, failed, ok
@@ -123,12 +122,6 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-@pytest.fixture
-def server(sqld: SqldServer) -> SqldServer:
-    reset_remote(sqld)
-    return sqld
 
 
 @pytest.fixture(scope="module")
