@@ -688,17 +688,22 @@ def print_delivery(d: Delivery) -> None:
     )
 
 
-def report_deliveries(
-    report: Report, where: str, runs: list[Delivery], rate_target: str, link: bool
-) -> None:
+def report_rates(report: Report, label: str, runs: list[Delivery]) -> None:
+    """A row of events/s (and requests an event) for each run."""
     for d in runs:
         report.add(
-            f"delivery {where}, {d.shape}: events/s",
+            f"{label}, {d.shape}: events/s",
             f"{d.rate:,.0f} ({d.requests_per_event:.2f} req)",
             **asdict(d),
             events_per_s=round(d.rate, 1),
             requests_per_event=round(d.requests_per_event, 4),
         )
+
+
+def report_deliveries(
+    report: Report, where: str, runs: list[Delivery], rate_target: str, link: bool
+) -> None:
+    report_rates(report, f"delivery {where}", runs)
     old, new = runs
     ratio = new.rate / old.rate
     report.add(
@@ -977,17 +982,6 @@ async def drive_async_relay(
     )
 
 
-def report_relay_runs(report: Report, where: str, runs: list[Delivery]) -> None:
-    for d in runs:
-        report.add(
-            f"relay {where}, {d.shape}: events/s",
-            f"{d.rate:,.0f} ({d.requests_per_event:.2f} req)",
-            **asdict(d),
-            events_per_s=round(d.rate, 1),
-            requests_per_event=round(d.requests_per_event, 4),
-        )
-
-
 def report_relay_checks(report: Report, where: str, runs: list[Delivery]) -> None:
     bad = sum(d.duplicates + d.lost + d.left + abs(d.bumps - d.events) for d in runs)
     report.add(f"relay {where}: lost / duplicated / version bumps off", str(bad), "0", bad == 0)
@@ -1048,7 +1042,7 @@ def bench_relay_local(report: Report, plan: Plan, tmp: Path) -> None:
     print(f"    a write and fsync of 4 KiB here: {fsync:.2f} ms (median)", flush=True)
     where = "file FULL"
     runs = [max(every[shape], key=lambda d: d.rate) for shape in shapes]
-    report_relay_runs(report, where, runs)
+    report_rates(report, f"relay {where}", runs)
     by_hand, bare, relay, arelay = runs
     ratio = relay.rate / by_hand.rate
     report.add(
@@ -1093,7 +1087,7 @@ def bench_relay_remote(report: Report, plan: Plan, srv: SqldServer, link: Proxy)
     arelay = asyncio.run(drain())
     print_delivery(arelay)
     runs = [by_hand, arelay]
-    report_relay_runs(report, where, runs)
+    report_rates(report, f"relay {where}", runs)
     ratio = arelay.rate / by_hand.rate
     report.add(
         f"relay {where}: AsyncRelay / hand-written sync loop", f"{ratio:.1f}", ">= 15", ratio >= 15
