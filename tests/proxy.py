@@ -4,11 +4,13 @@ It forwards bytes both ways and watches the HTTP/1.1 requests that cross it: it 
 them, tracks how many are awaiting their answer at once, and can delay each request. Its
 ``mode`` misbehaves from the next request on: ``hang`` holds requests and never answers,
 ``cut`` drops the connection instead of forwarding a request, ``drop`` forwards it and
-drops the connection instead of the answer. With ``tls`` it terminates TLS in front of a
-plain-HTTP server.
+drops the connection instead of the answer, ``blackhole`` swallows every byte either way on
+every connection (HTTP/2 too: a replica's sync) while it lasts. ``on_answer``, if
+set, runs once when the next answer arrives, before it is passed on. With ``tls`` it
+terminates TLS in front of a plain-HTTP server.
 
 It runs on threads, so it only suits clients that release the GIL while they wait (our HTTP
-does; the libsql driver does not: a replica's sync would stall it).
+does, and the replica's helper process is not in this one; the libsql driver does not).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Literal
 
 REQUEST_LINE = re.compile(rb"(?:^|\r\n)(?:GET|POST|PUT|DELETE|HEAD) \S+ HTTP/1\.[01]\r\n")
 STATUS_LINE = re.compile(rb"(?:^|\r\n)HTTP/1\.[01] \d{3} ")
-Mode = Literal["forward", "hang", "cut", "drop"]
+Mode = Literal["forward", "hang", "cut", "drop", "blackhole"]
 
 
 class Proxy:
@@ -31,6 +34,7 @@ class Proxy:
         self.target_port = target_port
         self.mode: Mode = "forward"
         self.delay = 0.0  # seconds added before each request is forwarded
+        self.on_answer: Callable[[], object] | None = None
         self.requests = 0  # requests seen, whatever became of them
         self.in_flight = 0
         self.max_in_flight = 0
@@ -93,6 +97,8 @@ class Proxy:
         """Forward ``src`` to ``dst`` (``upstream``: from the client) until either closes."""
         try:
             while data := src.recv(65536):
+                if self.mode == "blackhole":
+                    continue  # swallowed: neither forwarded nor answered
                 pattern = REQUEST_LINE if upstream else STATUS_LINE
                 seen = len(pattern.findall(data))
                 if seen and upstream:
@@ -111,6 +117,9 @@ class Proxy:
                 elif seen:
                     with self._lock:
                         self.in_flight -= seen
+                        then, self.on_answer = self.on_answer, None
+                    if then is not None:
+                        then()
                     if self.mode == "drop":  # the server did the work; its answer is lost
                         break
                 dst.sendall(data)

@@ -46,16 +46,12 @@ class DBAPI(Protocol):
 class LocalConnection:
     """Requests run on one DB-API connection, one at a time."""
 
-    def __init__(
-        self, db: DBAPI, where: str, *, replica: bool = False, secrets: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, db: DBAPI, where: str) -> None:
         self.db = db
         self.where = where
         # What tells this database apart in the process (harel_store.wakeup): its file, or
         # this very connection for an in-memory one.
         self.key = f":memory:{id(self)}" if where == ":memory:" else os.path.realpath(where)
-        self._replica = replica  # a libsql embedded replica: sync() pulls from its primary
-        self._secrets = secrets
         self._lock = threading.RLock()
         self._closed = False
 
@@ -72,7 +68,7 @@ class LocalConnection:
             except BaseException as exc:
                 if not is_driver_error(exc):
                     raise  # KeyboardInterrupt and the like
-                raise translate(exc, self._secrets, quoted=self.where) from exc
+                raise translate(exc, quoted=self.where) from exc
 
     def _execute(self, query: Query, params: Any) -> Cursor:
         return self.db.execute(query.sql, params)
@@ -113,14 +109,7 @@ class LocalConnection:
         self.db.commit()
 
     def sync(self) -> None:
-        if self._replica:
-            with self._lock:
-                try:
-                    self.db.sync()  # type: ignore[attr-defined]
-                except BaseException as exc:
-                    if not is_driver_error(exc):
-                        raise
-                    raise translate(exc, self._secrets, quoted=self.where) from exc
+        """Nothing to pull: the file is the database."""
 
     def close(self) -> None:
         with self._lock:

@@ -1,57 +1,307 @@
-"""An embedded replica: reads from a local libsql replica file, writes to its primary.
+"""An embedded replica: reads from a local replica file, writes to its primary.
 
 A write goes to the primary as one Hrana batch (`HranaConnection`), so the version CAS is
-decided there, in one round trip. Right after a write lands (or loses its CAS) the replica
-syncs, while the primary is known to be answering, so the next read sees the write, or the
-version that won. If that sync fails, the next read syncs first and fails if it cannot.
+decided there, in one round trip. libsql's replica sync keeps the file in step with the
+primary, but it has no timeout and holds the GIL while it waits on the network: it runs in
+a helper process (`replica_helper`) that a `Syncer` thread drives and ends at a deadline,
+starting a new one when it is needed again. This process reads the file itself, through
+the stdlib's sqlite3 (one SQLite library per file in a process), and never writes it.
+
+After a write of ours lands (or loses its CAS, or its fate is unknown) a sync begins at
+once, in the background; the next read waits for it, so it sees the write (or the version
+that won), for up to ``timeout``: past it, or if the sync fails, StoreError, and the read
+after tries again. A read while no write of ours is missing is answered from the file at
+once, whether or not the primary answers.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from harel_store.batch import Batch, Conflicted, Request, statement
 from harel_store.connection.hrana import HranaConnection
-from harel_store.connection.local import LibsqlConnection, LocalConnection, import_libsql
-from harel_store.errors import StoreError, is_driver_error, translate
+from harel_store.connection.local import LocalConnection, open_file
+from harel_store.errors import OutcomeUnknown, StoreError, scrub, translate
+
+log = logging.getLogger("harel_store")
+HELPER = str(Path(__file__).with_name("replica_helper.py"))
+# What a new helper may take to start (Python, then libsql's import), beyond ``timeout``.
+START_GRACE = 0.5
+# How long a closing store lets its helper finish a sync before it kills it.
+END_WAIT = 0.5
 
 
 class ReplicaConnection:
-    def __init__(self, local: LocalConnection, primary: HranaConnection) -> None:
+    def __init__(self, local: LocalConnection, primary: HranaConnection, syncer: Syncer) -> None:
         self.where = f"{local.where} (replica of {primary.where})"
         self.key = primary.key  # its writes land on the primary
         self._local = local
         self._primary = primary
-        self._behind = False  # a write of ours landed that the local file may not hold yet
+        self._syncer = syncer
+        self._timeout = syncer.timeout
+
+    @property
+    def behind(self) -> bool:
+        """Whether a write of ours landed (or may have) that the file may not hold yet."""
+        return self._syncer.behind
 
     def execute(self, request: Request) -> Any:
         if not isinstance(request, Batch):
-            if self._behind:
-                self.sync()
+            self._syncer.catch_up(time.monotonic() + self._timeout)
             return self._local.execute(request)
         try:
             result = self._primary.execute(request)
-        except Conflicted:
-            self._catch_up()  # the caller's reload then sees the version that won
+        except (Conflicted, OutcomeUnknown):
+            self._syncer.wrote()  # the caller's reload then sees what the primary holds
             raise
-        self._catch_up()
+        self._syncer.wrote()
         return result
 
-    def _catch_up(self) -> None:
-        self._behind = True
-        with suppress(StoreError):
-            self.sync()
-
     def sync(self) -> None:
-        """Pull the primary's latest state into the local file."""
-        self._local.sync()
-        self._behind = False
+        """Pull the primary's latest state into the local file, within ``timeout``."""
+        self._syncer.sync(time.monotonic() + self._timeout)
 
     def close(self) -> None:
+        self._syncer.close()
         self._local.close()
         self._primary.close()
+
+
+class _Late(Exception):
+    """The helper did not answer by the deadline."""
+
+
+class _Helper:
+    """One helper process, started with its configuration, and its pipes."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self.pid = self._proc.pid
+        self._pending = b""
+        self.send(json.dumps(config))
+
+    def send(self, line: str) -> None:
+        assert self._proc.stdin is not None
+        with suppress(OSError, ValueError):  # it exited, or is ending: no answer says so
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+
+    def answer(self, deadline: float) -> dict[str, Any]:
+        """The helper's next answer; _Late past the deadline, StoreError if it exited."""
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Late
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self._proc.wait()
+                raise StoreError(f"the replica's sync helper exited (status {code})")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        reply = json.loads(line)
+        assert isinstance(reply, dict)
+        return reply
+
+    def stop(self) -> None:
+        """Ask it to exit once it has answered (the end of its input); from any thread."""
+        assert self._proc.stdin is not None
+        with suppress(OSError, ValueError):
+            self._proc.stdin.close()
+
+    def kill(self) -> None:
+        """From any thread."""
+        self._proc.kill()
+
+    def end(self, wait: float) -> None:
+        """Let it exit for up to ``wait`` seconds, then kill it; close its pipes."""
+        self.stop()
+        try:
+            self._proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        assert self._proc.stdout is not None
+        self._proc.stdout.close()
+
+
+class Syncer:
+    """Runs the replica's syncs, one at a time, on a thread of its own, each in the helper
+    process and bounded by ``timeout``; a helper that misses the deadline (or dies) is
+    ended, and the next sync starts a new one.
+
+    Syncs are numbered as they begin. A write needs the first sync that begins after it
+    (`wrote`); every caller waiting meanwhile shares it. ``interval`` (seconds) adds a sync
+    whenever that long has passed since the last began, for nobody in particular.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        url: str,
+        where: str,
+        *,
+        auth_token: str,
+        timeout: float,
+        interval: float | None,
+    ) -> None:
+        self.timeout = timeout
+        self._where = where
+        self._secrets = (auth_token,) if auth_token else ()
+        self._path = path
+        self._config = {"path": path, "url": url, "token": auth_token, "parent": os.getpid()}
+        self._interval = interval
+        self._cond = threading.Condition()
+        self._begun = 0  # syncs begun
+        self._done = 0  # the newest sync that succeeded
+        self._wanted = 0  # the newest sync asked for
+        self._need = 0  # the sync that the newest write of ours needs
+        self._failure: tuple[int, StoreError] | None = None
+        self._closed = False
+        self._helper: _Helper | None = None
+        # The helpers start from this thread: on Linux one dies with the thread that
+        # started it (PR_SET_PDEATHSIG), and this one lives as long as the store.
+        self._thread = threading.Thread(
+            target=self._run, name=f"harel-store replica sync {where}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def behind(self) -> bool:
+        return self._done < self._need
+
+    def _want(self) -> int:
+        """Ask for a sync that begins from now on; its number (the condition is held)."""
+        self._wanted = self._begun + 1
+        self._cond.notify_all()
+        return self._wanted
+
+    def wrote(self) -> None:
+        """A write of ours landed on the primary (or may have): reads wait for a sync."""
+        with self._cond:
+            self._need = max(self._need, self._want())
+
+    def catch_up(self, deadline: float) -> None:
+        """Return once the file holds every write of ours (at once when it does)."""
+        if self._done < self._need:
+            self._wait(self._need, deadline)
+
+    def sync(self, deadline: float) -> None:
+        """Return once a sync that began after this call succeeded."""
+        with self._cond:
+            need = self._want()
+        self._wait(need, deadline)
+
+    def _wait(self, need: int, deadline: float) -> None:
+        with self._cond:
+            began = self._begun
+            while self._done < need:
+                if self._closed:
+                    raise StoreError(f"the store on {self._where} is closed")
+                if self._failure is not None and self._failure[0] >= need:
+                    epoch, error = self._failure
+                    if epoch > began:  # a sync tried since this call began failed
+                        raise error
+                    need = self._want()  # one that failed earlier: try again
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreError(
+                        f"the replica {self._path} did not catch up with {self._where} "
+                        f"within {self.timeout:g} s"
+                    )
+                self._cond.wait(left)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        failing = False
+        while True:
+            with self._cond:
+                while not self._closed and self._wanted <= self._begun:
+                    if self._interval is None:
+                        self._cond.wait()
+                        continue
+                    left = last + self._interval - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._closed:
+                    break
+                self._begun += 1
+                epoch, asked = self._begun, self._wanted >= self._begun
+            last = time.monotonic()
+            failure = self._sync()
+            with self._cond:
+                if failure is None:
+                    self._done = epoch
+                else:
+                    self._failure = (epoch, failure)
+                self._cond.notify_all()
+            if failure is not None and not asked and not failing:
+                log.warning("a background sync failed (retried every interval): %s", failure)
+            failing = failure is not None
+        self._end_helper(wait=END_WAIT)
+
+    def _sync(self) -> StoreError | None:
+        """One sync in the helper (a new one if it is gone): None, or why it failed."""
+        try:
+            if self._helper is None:
+                deadline = time.monotonic() + self.timeout + START_GRACE
+                self._helper = _Helper(self._config)  # it syncs once it is open
+            else:
+                deadline = time.monotonic() + self.timeout
+                self._helper.send("sync")
+            reply = self._helper.answer(deadline)
+        except _Late:
+            self._end_helper(wait=0)
+            return StoreError(
+                f"no answer from {self._where} to the replica's sync within {self.timeout:g} s"
+            )
+        except (StoreError, OSError) as exc:
+            self._end_helper(wait=0)
+            return exc if isinstance(exc, StoreError) else StoreError(f"the replica's sync: {exc}")
+        if "error" not in reply:
+            return None
+        self._end_helper(wait=0)  # a new one for the next sync: no driver state carried over
+        text = scrub(str(reply["error"]), self._secrets)
+        if reply.get("type") == "PanicException":
+            return StoreError(f"the libsql driver failed (a panic) in the replica's sync: {text}")
+        error = translate(StoreError(text), quoted=self._path)
+        if type(error) is StoreError:
+            error = StoreError(f"the replica {self._path} cannot sync with {self._where}: {text}")
+        return error
+
+    def _end_helper(self, wait: float) -> None:
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.end(wait)
+
+    def close(self) -> None:
+        """End the thread and the helper: a sync in flight has END_WAIT to finish."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        for helper_ends in (_Helper.stop, _Helper.kill):
+            helper = self._helper
+            if helper is not None:
+                helper_ends(helper)  # the thread, waiting for its answer, sees it gone
+            self._thread.join(END_WAIT)
+            if not self._thread.is_alive():
+                return
 
 
 def open_replica(
@@ -64,36 +314,27 @@ def open_replica(
     timeout: float,
     busy_timeout: float,
 ) -> ReplicaConnection:
-    """Open (or create) the replica file and pull the primary's state into it."""
-    secrets = (auth_token,) if auth_token else ()
+    """Open (or create) the replica file and pull the primary's state into it: one request
+    to the primary, then the first sync, each within ``timeout``."""
     primary = HranaConnection(
         sync_url, where, auth_token=auth_token, timeout=timeout, busy_timeout=busy_timeout
     )
-    options: dict[str, Any] = {
-        "_check_same_thread": False,
-        "sync_url": sync_url,
-        "auth_token": auth_token,
-    }
-    if sync_interval is not None:
-        options["sync_interval"] = sync_interval
     try:
-        db = import_libsql().connect(str(path), **options)
-    except BaseException as exc:
-        primary.close()
-        if not is_driver_error(exc):
-            raise
-        raise translate(exc, secrets, quoted=str(path)) from exc
-    local = LibsqlConnection(db, str(path), replica=True, secrets=secrets)
-    try:
-        try:
-            local.sync()  # opening a replica pulls nothing by itself
-        except StoreError:
-            # A refused token shows in the sync only as a handshake timeout (the cause goes
-            # to the Rust log): ask the primary, which says so.
-            primary.execute(statement("ping"))
-            raise
+        # A refused token shows in libsql's sync only as a handshake timeout (the cause
+        # goes to the Rust log): the primary says so itself, so ask it first.
+        primary.execute(statement("ping"))
     except BaseException:
-        local.close()
         primary.close()
         raise
-    return ReplicaConnection(local, primary)
+    syncer = Syncer(
+        str(path), sync_url, where, auth_token=auth_token, timeout=timeout, interval=sync_interval
+    )
+    try:
+        syncer.sync(time.monotonic() + timeout + START_GRACE)
+        local = open_file(path, driver="sqlite", synchronous="FULL", busy_timeout=busy_timeout)
+    except BaseException:
+        syncer.close()
+        primary.close()
+        raise
+    local.db.execute("PRAGMA query_only = ON", ())  # the primary takes every write
+    return ReplicaConnection(local, primary, syncer)
