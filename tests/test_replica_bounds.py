@@ -105,7 +105,10 @@ def replica(url: str, path: Path, token: str, **kwargs: Any) -> LibsqlStore:
 
 
 @pytest.fixture
-def own_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SqldServer]:
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SqldServer]:
+    """A server of this test's own (the `proxy` fixture's too): it will be stopped, and a
+    fresh replica's first sync must not pull the session server's whole history within
+    TIMEOUT."""
     failed = request.session.testsfailed
     srv = SqldServer(tmp_path / "sqld", auth=True)
     srv.start()
@@ -158,14 +161,14 @@ def test_a_primary_that_stops_answering_bounds_sync_and_commit(
 
 
 def test_a_stopped_primary_bounds_every_call_and_the_replica_resumes(
-    own_server: SqldServer, tmp_path: Path, ticker: Ticker
+    server: SqldServer, tmp_path: Path, ticker: Ticker
 ) -> None:
-    assert own_server.pid is not None
-    with replica(own_server.url, tmp_path / "r.db", own_server.token) as store:
+    assert server.pid is not None
+    with replica(server.url, tmp_path / "r.db", server.token) as store:
         exe = Execution(id="x", definition_id="d")
         step(store, exe, 1)
         assert store.load("x").version == 1  # type: ignore[union-attr]  # caught up
-        os.kill(own_server.pid, signal.SIGSTOP)
+        os.kill(server.pid, signal.SIGSTOP)
         with bounded(), pytest.raises(StoreError):
             store.sync()
         with bounded():
@@ -174,32 +177,32 @@ def test_a_stopped_primary_bounds_every_call_and_the_replica_resumes(
             step(store, exe, 2)
         with bounded(), pytest.raises(StoreError):
             store.load("x")
-        os.kill(own_server.pid, signal.SIGCONT)
+        os.kill(server.pid, signal.SIGCONT)
         # The request the stopped server had received may have landed once it resumed.
         seen = store.load("x")
         assert seen is not None and seen.version in (1, 2)
-        with LibsqlStore(own_server.url, auth_token=own_server.token) as remote:
+        with LibsqlStore(server.url, auth_token=server.token) as remote:
             assert remote.load("x").version == seen.version  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("then", ["stops", "goes silent", "dies"])
 def test_a_primary_lost_right_after_a_write_lands_bounds_the_read_after(
-    then: str, own_server: SqldServer, tmp_path: Path, ticker: Ticker
+    then: str, server: SqldServer, tmp_path: Path, ticker: Ticker
 ) -> None:
     """The commit's answer arrives, then the primary stops, swallows everything or dies
     before the sync that follows it: the commit still returns at once, and the read after
     it (which must see it) is bounded."""
-    assert own_server.pid is not None
-    pid = own_server.pid
-    with Proxy(own_server.port or 0) as proxy:
-        store = replica(proxy.url(), tmp_path / "r.db", own_server.token)
+    assert server.pid is not None
+    pid = server.pid
+    with Proxy(server.port or 0) as proxy:
+        store = replica(proxy.url(), tmp_path / "r.db", server.token)
         exe = Execution(id="x", definition_id="d")
         step(store, exe, 1)
         assert store.load("x").version == 1  # type: ignore[union-attr]  # caught up
         proxy.on_answer = {
             "stops": lambda: os.kill(pid, signal.SIGSTOP),
             "goes silent": lambda: setattr(proxy, "mode", "blackhole"),
-            "dies": own_server.kill,
+            "dies": server.kill,
         }[then]
         with bounded():
             step(store, exe, 2)
@@ -219,25 +222,25 @@ def test_a_primary_lost_right_after_a_write_lands_bounds_the_read_after(
 
 
 def test_the_replica_recovers_when_the_primary_is_back_on_the_same_port(
-    own_server: SqldServer, tmp_path: Path, ticker: Ticker
+    server: SqldServer, tmp_path: Path, ticker: Ticker
 ) -> None:
-    with replica(own_server.url, tmp_path / "r.db", own_server.token) as store:
+    with replica(server.url, tmp_path / "r.db", server.token) as store:
         exe = Execution(id="x", definition_id="d")
         step(store, exe, 1)
         assert store.load("x").version == 1  # type: ignore[union-attr]  # caught up
-        own_server.stop()
+        server.stop()
         with bounded():
             assert store.load("x").version == 1  # type: ignore[union-attr]
         with bounded(), pytest.raises(StoreError):
             store.sync()
         with bounded(), pytest.raises(StoreError, match=r"^cannot reach"):
             step(store, exe, 2)
-        own_server.start()  # the same port and data
+        server.start()  # the same port and data
         store.sync()
         step(store, exe, 2)
         assert store.load("x").version == 2  # type: ignore[union-attr]
         assert store.is_processed("x", "in-x-2")
-    with LibsqlStore(own_server.url, auth_token=own_server.token) as remote:
+    with LibsqlStore(server.url, auth_token=server.token) as remote:
         assert remote.load("x").version == 2  # type: ignore[union-attr]
 
 
