@@ -415,7 +415,7 @@ def operations(
         "replica: load": lambda: rep.load(f"{ids}p"),
         "replica: sync() with nothing new": rep.sync,
         "replica: open + close": lambda: LibsqlStore(
-            tmp / f"{ids}.db", sync_url=url, auth_token=token
+            tmp / f"{ids}-open.db", sync_url=url, auth_token=token
         ).close(),
         BEFORE: before_committer(remote, conn_before, f"{ids}o"),
         "before: libsql replica open + sync + close": lambda: reopen(

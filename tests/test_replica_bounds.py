@@ -16,6 +16,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from harel_store import AsyncLibsqlStore, Execution, LibsqlStore, OutcomeUnknown
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 from tests.test_remote import step
-from tests.workers.common import spawn
+from tests.workers.common import REPO, spawn
 
 pytestmark = pytest.mark.sqld
 
@@ -348,3 +349,38 @@ def test_an_async_replica_never_stalls_the_event_loop(
 
     longest = asyncio.run(main())
     assert longest < STALL, f"the event loop stood still for {longest:.2f} s"
+
+
+def test_a_replica_file_serves_one_store_at_a_time(server: SqldServer, tmp_path: Path) -> None:
+    """libsql's replica sync assumes it alone writes its file: a second store on it (of this
+    process or another) is refused once its `timeout` has passed, and the file is free again
+    once the first closes."""
+    path = tmp_path / "r.db"
+    with replica(server.url, path, server.token) as store:
+        with pytest.raises(StoreError, match="is open in another store") as info:
+            replica(server.url, path, server.token)
+        assert server.token not in str(info.value)
+        other = subprocess.run(
+            [sys.executable, "-c", OPEN_REPLICA, server.url, str(path)],
+            env={**os.environ, "PYTHONPATH": str(REPO), "HAREL_AUTH_TOKEN": server.token},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert other.returncode == 1 and "is open in another store" in other.stderr
+        assert store.load("nothing") is None  # the refused ones disturbed nothing
+    with replica(server.url, path, server.token):
+        pass
+
+
+OPEN_REPLICA = """
+import os, sys
+from harel_store import LibsqlStore, StoreError
+try:
+    LibsqlStore(
+        sys.argv[2], sync_url=sys.argv[1], auth_token=os.environ["HAREL_AUTH_TOKEN"], timeout=1
+    )
+except StoreError as exc:
+    sys.exit(str(exc))
+"""

@@ -26,12 +26,19 @@ import threading
 import time
 from contextlib import suppress
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from harel_store.batch import Batch, Conflicted, Request, statement
 from harel_store.connection.hrana import HranaConnection
 from harel_store.connection.local import LocalConnection, open_file
 from harel_store.errors import OutcomeUnknown, StoreError, scrub, translate
+
+fcntl: ModuleType | None
+try:
+    import fcntl
+except ImportError:  # Windows: no lock, and no guard against two stores on one file
+    fcntl = None
 
 log = logging.getLogger("harel_store")
 HELPER = str(Path(__file__).with_name("replica_helper.py"))
@@ -84,9 +91,12 @@ class _Late(Exception):
 class _Helper:
     """One helper process, started with its configuration, and its pipes."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], lock: int) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, HELPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=(lock,),  # the file's lock lasts while the helper does
         )
         self.pid = self._proc.pid
         self._pending = b""
@@ -164,6 +174,7 @@ class Syncer:
         self._path = path
         self._config = {"path": path, "url": url, "token": auth_token, "parent": os.getpid()}
         self._interval = interval
+        self._lock = _lock(path, timeout)
         self._cond = threading.Condition()
         self._begun = 0  # syncs begun
         self._done = 0  # the newest sync that succeeded
@@ -259,7 +270,7 @@ class Syncer:
         try:
             if self._helper is None:
                 deadline = time.monotonic() + self.timeout + START_GRACE
-                self._helper = _Helper(self._config)  # it syncs once it is open
+                self._helper = _Helper(self._config, self._lock)  # it syncs once open
             else:
                 deadline = time.monotonic() + self.timeout
                 self._helper.send("sync")
@@ -301,7 +312,34 @@ class Syncer:
                 helper_ends(helper)  # the thread, waiting for its answer, sees it gone
             self._thread.join(END_WAIT)
             if not self._thread.is_alive():
-                return
+                break
+        os.close(self._lock)
+
+
+def _lock(path: str, wait: float) -> int:
+    """An exclusive lock on the replica file (``PATH-lock``) within ``wait`` seconds, or
+    StoreError: libsql's replica sync assumes it alone writes the file, and two of them on
+    one file have corrupted it. (A store killed a moment ago may hold it still: its helper
+    lets go once it has died too.)"""
+    try:
+        fd = os.open(f"{path}-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StoreError(f"cannot open {path}: {exc.strerror}") from exc
+    deadline = time.monotonic() + wait
+    while fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            os.close(fd)
+            raise StoreError(
+                f"the replica {path} is open in another store (of this process or another): "
+                "an embedded replica's file is its own, give each store a file of its own"
+            ) from exc
+    return fd
 
 
 def open_replica(
@@ -320,16 +358,21 @@ def open_replica(
         sync_url, where, auth_token=auth_token, timeout=timeout, busy_timeout=busy_timeout
     )
     try:
-        # A refused token shows in libsql's sync only as a handshake timeout (the cause
-        # goes to the Rust log): the primary says so itself, so ask it first.
-        primary.execute(statement("ping"))
+        syncer = Syncer(  # it takes the file's lock first
+            str(path),
+            sync_url,
+            where,
+            auth_token=auth_token,
+            timeout=timeout,
+            interval=sync_interval,
+        )
     except BaseException:
         primary.close()
         raise
-    syncer = Syncer(
-        str(path), sync_url, where, auth_token=auth_token, timeout=timeout, interval=sync_interval
-    )
     try:
+        # A refused token shows in libsql's sync only as a handshake timeout (the cause
+        # goes to the Rust log): the primary says so itself, so ask it first.
+        primary.execute(statement("ping"))
         syncer.sync(time.monotonic() + timeout + START_GRACE)
         local = open_file(path, driver="sqlite", synchronous="FULL", busy_timeout=busy_timeout)
     except BaseException:
