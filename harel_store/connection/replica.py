@@ -208,17 +208,25 @@ class Syncer:
     def catch_up(self, deadline: float) -> None:
         """Return once the file holds every write of ours (at once when it does)."""
         if self._done < self._need:
-            self._wait(self._need, deadline)
+            self._wait(self._need, deadline, self._begun)
+
+    def begin(self) -> int:
+        """Ask for a sync that begins from now on; its number, for `wait`."""
+        with self._cond:
+            return self._want()
 
     def sync(self, deadline: float) -> None:
         """Return once a sync that began after this call succeeded."""
-        with self._cond:
-            need = self._want()
-        self._wait(need, deadline)
+        self.wait(self.begin(), deadline)
 
-    def _wait(self, need: int, deadline: float) -> None:
+    def wait(self, need: int, deadline: float) -> None:
+        """Return once sync ``need`` (from `begin`) or a later one succeeded."""
+        self._wait(need, deadline, need - 1)
+
+    def _wait(self, need: int, deadline: float, began: int) -> None:
+        """Wait for sync ``need``; a failure of one that began after sync ``began`` is
+        raised, an earlier one's is retried."""
         with self._cond:
-            began = self._begun
             while self._done < need:
                 if self._closed:
                     raise StoreError(f"the store on {self._where} is closed")
@@ -370,10 +378,11 @@ def open_replica(
         primary.close()
         raise
     try:
+        first = syncer.begin()  # the helper starts meanwhile
         # A refused token shows in libsql's sync only as a handshake timeout (the cause
-        # goes to the Rust log): the primary says so itself, so ask it first.
+        # goes to the Rust log): the primary says so itself, so ask it too.
         primary.execute(statement("ping"))
-        syncer.sync(time.monotonic() + timeout + START_GRACE)
+        syncer.wait(first, time.monotonic() + timeout + START_GRACE)
         local = open_file(path, driver="sqlite", synchronous="FULL", busy_timeout=busy_timeout)
     except BaseException:
         syncer.close()
