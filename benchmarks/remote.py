@@ -698,7 +698,7 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
                 store = await open_retrying(report, label, database, options)
             async with store:
                 runs[label] = await commit_run(store, f"lag{n}", 1, plan.run_s / 2)
-        runs |= await replica_syncing(srv, tmp, plan.run_s / 2)
+        runs |= await replica_syncing(report, srv, tmp, plan.run_s / 2)
         targets = {f"remote, {on_link}, 32 tasks": 3}
         targets |= {f"remote, {on_link}, 1 task": 2, "remote, direct": 2}
         for label, run in runs.items():
@@ -738,12 +738,14 @@ async def syncing(
         done[exe.id] += 1
 
 
-async def replica_syncing(srv: SqldServer, tmp: Path, seconds: float) -> dict[str, Run]:
+async def replica_syncing(
+    report: Report, srv: SqldServer, tmp: Path, seconds: float
+) -> dict[str, Run]:
     """Loop lag while a replica syncs: one task commits, then syncs, for `seconds`; and what
     the store did before: libsql's sync in this process, on a worker thread."""
     options: dict[str, Any] = {"auth_token": srv.token, "timeout": TIMEOUT}
     rep = await open_retrying(
-        Report(), SYNCING, tmp / "sync-replica.db", {"sync_url": srv.url, **options}
+        report, SYNCING, tmp / "sync-replica.db", {"sync_url": srv.url, **options}
     )
     remote = await AsyncLibsqlStore.create(srv.url, **options)
     conn = libsql.connect(str(tmp / "sync-before.db"), sync_url=srv.url, auth_token=srv.token)
@@ -799,7 +801,7 @@ async def select_lag(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
             label = f"remote, {link.delay_ms:g} ms link, {tasks} task" + "s" * (tasks > 1)
             runs[label] = run, most
         tmp.mkdir()
-        for label, run in (await replica_syncing(srv, tmp, plan.run_s / 2)).items():
+        for label, run in (await replica_syncing(report, srv, tmp, plan.run_s / 2)).items():
             runs[label] = run, 3 if label == SYNCING else 0
         for label, (run, most) in runs.items():
             p99, worst = spread(run.delays)

@@ -55,7 +55,6 @@ class ReplicaConnection:
         self._local = local
         self._primary = primary
         self._syncer = syncer
-        self._timeout = syncer.timeout
 
     @property
     def behind(self) -> bool:
@@ -64,7 +63,7 @@ class ReplicaConnection:
 
     def execute(self, request: Request) -> Any:
         if not isinstance(request, Batch):
-            self._syncer.catch_up(time.monotonic() + self._timeout)
+            self._syncer.catch_up(time.monotonic() + self._syncer.timeout)
             return self._local.execute(request)
         try:
             result = self._primary.execute(request)
@@ -76,7 +75,7 @@ class ReplicaConnection:
 
     def sync(self) -> None:
         """Pull the primary's latest state into the local file, within ``timeout``."""
-        self._syncer.sync(time.monotonic() + self._timeout)
+        self._syncer.sync(time.monotonic() + self._syncer.timeout)
 
     def close(self) -> None:
         self._syncer.close()
@@ -208,7 +207,7 @@ class Syncer:
     def catch_up(self, deadline: float) -> None:
         """Return once the file holds every write of ours (at once when it does)."""
         if self._done < self._need:
-            self._wait(self._need, deadline, self._begun)
+            self._wait(self._need, deadline, None)
 
     def begin(self) -> int:
         """Ask for a sync that begins from now on; its number, for `wait`."""
@@ -223,10 +222,12 @@ class Syncer:
         """Return once sync ``need`` (from `begin`) or a later one succeeded."""
         self._wait(need, deadline, need - 1)
 
-    def _wait(self, need: int, deadline: float, began: int) -> None:
-        """Wait for sync ``need``; a failure of one that began after sync ``began`` is
-        raised, an earlier one's is retried."""
+    def _wait(self, need: int, deadline: float, began: int | None) -> None:
+        """Wait for sync ``need``; a failure of one that began after sync ``began`` (None:
+        the last begun now) is raised, an earlier one's is retried."""
         with self._cond:
+            if began is None:
+                began = self._begun
             while self._done < need:
                 if self._closed:
                     raise StoreError(f"the store on {self._where} is closed")
@@ -333,21 +334,22 @@ def _lock(path: str, wait: float) -> int:
         fd = os.open(f"{path}-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise StoreError(f"cannot open {path}: {exc.strerror}") from exc
+    if fcntl is None:
+        return fd
     deadline = time.monotonic() + wait
-    while fcntl is not None:
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return fd
         except OSError as exc:
-            if time.monotonic() < deadline:
-                time.sleep(0.01)
-                continue
-            os.close(fd)
-            raise StoreError(
-                f"the replica {path} is open in another store (of this process or another): "
-                "an embedded replica's file is its own, give each store a file of its own"
-            ) from exc
-    return fd
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise StoreError(
+                    f"the replica {path} is open in another store (of this process or "
+                    "another): an embedded replica's file is its own, give each store a "
+                    "file of its own"
+                ) from exc
+            time.sleep(0.01)
 
 
 def open_replica(
