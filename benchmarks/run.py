@@ -145,6 +145,7 @@ SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
             "migrations/0004_claims.up.sql",
             "migrations/0005_times.up.sql",
             "migrations/0006_dead_letters.up.sql",
+            "migrations/0007_retention.up.sql",
         ),
         "update_execution",
     ),
@@ -199,6 +200,7 @@ def floor_commits(conn: Any, n: int, trace: bool, shape: str = "new") -> Callabl
                 sql["insert_outbox"], bind["insert_outbox"]((eid, eid, events[i]))
             ).fetchone()
             conn.execute(sql["mark_processed"], bind["mark_processed"]((eid, ids[i])))
+            conn.execute(sql["note_marker"], bind["note_marker"]((eid, ids[i])))
             conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
             if trace:
                 (idx,) = conn.execute(

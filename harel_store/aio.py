@@ -315,6 +315,34 @@ class AsyncLibsqlStore:
         """Async version of `LibsqlStore.purge`."""
         return await self._run(self._s._purge(execution_id, expected_version))
 
+    async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        """Async version of `LibsqlStore.purge_finished`."""
+        return await self._run(self._s._purge_finished(before, limit=limit))
+
+    async def forget_processed(self, before: float, *, limit: int = 10000) -> int:
+        """Async version of `LibsqlStore.forget_processed`."""
+        return await self._run(self._s._forget_processed(before, limit=limit))
+
+    async def purge_dead(self, before: float, *, limit: int = 1000) -> int:
+        """Async version of `LibsqlStore.purge_dead`."""
+        return await self._run(self._s._purge_dead(before, limit=limit))
+
+    async def retention_counts(
+        self,
+        *,
+        finished_before: float | None = None,
+        markers_before: float | None = None,
+        dead_before: float | None = None,
+    ) -> tuple[int, int, int]:
+        """Async version of `LibsqlStore.retention_counts`."""
+        return await self._run(
+            self._s._retention_counts(
+                finished_before=finished_before,
+                markers_before=markers_before,
+                dead_before=dead_before,
+            )
+        )
+
     async def ids_with_prefix(self, prefix: str) -> list[str]:
         """Async version of `LibsqlStore.ids_with_prefix`."""
         return await self._run(self._s._ids_with_prefix(prefix))

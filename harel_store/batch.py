@@ -29,8 +29,9 @@ def statement(name: str, *params: Any) -> Statement:
 class Batch:
     """One write transaction: its steps run in order and land together or not at all.
 
-    A *guard* step must change at least one row (a version CAS, a revision claim): if it
-    changes none, nothing after it runs, the transaction rolls back, and the connection
+    A *guard* step must change at least one row (a version CAS, a revision claim), or exactly
+    ``rows`` rows when given (the CAS of several executions at once): if it does not,
+    nothing after it runs, the transaction rolls back, and the connection
     raises `Conflicted` carrying what the batch's ``conflict`` statement read, in the same
     round trip. The result is one entry per step, shaped by its query's kind.
 
@@ -44,7 +45,7 @@ class Batch:
 
     def __init__(self) -> None:
         self.steps: list[Statement] = []
-        self.guards: list[int] = []
+        self.guards: dict[int, int | None] = {}  # step -> the rows it must change (None: any)
         self.only_if: dict[int, tuple[int, int]] = {}
         self.conflict: Statement | None = None
 
@@ -56,13 +57,22 @@ class Batch:
             self.only_if[len(self.steps) - 1] = only_if
         return len(self.steps) - 1
 
-    def guard(self, name: str, *params: Any) -> int:
-        """Append a step that must change a row (see the class docstring)."""
+    def guard(self, name: str, *params: Any, rows: int | None = None) -> int:
+        """Append a step that must change a row, or exactly ``rows`` rows (see the class
+        docstring)."""
         if QUERIES[name].kind != "!":
             raise ValueError(f"a guard step counts the rows it changed: {name} is not a `!` query")
         index = self.add(name, *params)
-        self.guards.append(index)
+        self.guards[index] = rows
         return index
+
+    def guarded(self, index: int, changed: int) -> bool:
+        """Whether step ``index`` passes its guard (any step that is none does), having
+        changed ``changed`` rows."""
+        if index not in self.guards:
+            return True
+        rows = self.guards[index]
+        return changed > 0 if rows is None else changed == rows
 
     def on_conflict(self, name: str, *params: Any) -> None:
         """What to read, after the rollback, when a guard step changed no row."""

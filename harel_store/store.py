@@ -67,6 +67,10 @@ from harel_store.models import (
 
 DEFAULT_TRACE_MAX = 200
 MAX_PAGE = 1000
+# The most a retention call may take at once (its one write transaction's size).
+MAX_PURGE = 10_000
+MAX_FORGET = 100_000
+FINAL = frozenset(STATUSES) - {"running"}
 # What an execution owns besides its row (purge_<name> in queries.sql).
 COMPANIONS = ("processed", "trace", "timers", "outbox", "spawns")
 # How many executions' stored summaries a store remembers to pick its CAS write's shape.
@@ -124,6 +128,30 @@ def _claim(
     if mark is not None:
         queues.log_dead(names[0].removeprefix("mark_dead_"), results[mark])
     return results[claim]  # type: ignore[no-any-return]
+
+
+def _purge_companions(batch: Batch, ids: list[str]) -> None:
+    """Add what the executions ``ids`` own (each deleted only once its row is gone)."""
+    array = json.dumps(ids)
+    for name in COMPANIONS:
+        batch.add(f"purge_{name}", array)
+
+
+def _purge_batch(members: list[tuple[str, int]]) -> Batch:
+    """The executions (id, version) deleted all together under their version CAS, or none
+    (`Conflicted`), with everything they own."""
+    batch = Batch()
+    batch.guard("purge_executions", json.dumps(members), rows=len(members))
+    _purge_companions(batch, [execution_id for execution_id, _ in members])
+    return batch
+
+
+def _batch_limit(limit: object, most: int) -> int:
+    """A retention call's limit: 1 to ``most``."""
+    rows = check_int(limit, "limit")
+    if not 1 <= rows <= most:
+        raise ValueError(f"limit must be between 1 and {most}, not {rows}")
+    return rows
 
 
 def _pending_outbox(row: Sequence[Any]) -> PendingOutbox:
@@ -332,6 +360,7 @@ class Store:
             ]
             if processed_event_id is not None:
                 batch.add("mark_processed", exe.id, processed_event_id)
+                batch.add("note_marker", exe.id, processed_event_id)
             for row in spawn_rows:
                 batch.add("insert_spawn", exe.id, *row)
             for op in timer_ops:
@@ -410,9 +439,8 @@ class Store:
         check_id(execution_id, "execution_id")
         check_int(expected_version, "expected_version")
         batch = Batch()
-        batch.add("purge_execution", execution_id, expected_version)
-        for name in COMPANIONS:
-            batch.add(f"purge_{name}", execution_id)
+        batch.add("purge_executions", json.dumps([[execution_id, expected_version]]))
+        _purge_companions(batch, [execution_id])
         deleted, *_ = yield batch
         self._forget([execution_id])
         return bool(deleted)
@@ -437,6 +465,121 @@ class Store:
         batch.add("load_definition", record.definition_id, record.version)
         _, row = yield batch
         return self._definition(row)
+
+    # --- retention ---
+
+    def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        """Remove up to ``limit`` (1..10000) finished, failed or cancelled executions last
+        updated before ``before`` (epoch seconds, the database's clock), each with everything
+        it owns; return how many. A child goes only with its root, and a tree only whole,
+        when every member is final (a tree larger than ``limit`` goes whole, alone in its
+        call). One short write transaction; call again until 0.
+        """
+        return self._run(self._purge_finished(before, limit=limit))
+
+    def _purge_finished(self, before: float, *, limit: int = 1000) -> Plan[int]:
+        before = check_finite(before, "before")
+        limit = _batch_limit(limit, MAX_PURGE)
+        window = limit
+        for _ in range(_PURGE_TRIES):
+            trees: dict[str, list[tuple[str, int, str]]] = {}
+            for root, execution_id, version, status in (
+                yield statement("finished_trees", before, window)
+            ):
+                trees.setdefault(root, []).append((execution_id, version, status))
+            chosen: list[tuple[str, int]] = []
+            for tree in trees.values():
+                if any(status not in FINAL for _, _, status in tree):
+                    continue  # a final root with a running descendant stays, whole
+                if chosen and len(chosen) + len(tree) > limit:
+                    break
+                chosen.extend((execution_id, version) for execution_id, version, _ in tree)
+            if not chosen:
+                if len(trees) < window:
+                    return 0
+                window *= 2  # every tree read has a running member: read past them
+                continue
+            try:
+                yield _purge_batch(chosen)
+            except Conflicted:  # a member moved since it was read: read them again
+                continue
+            self._forget(execution_id for execution_id, _ in chosen)
+            return len(chosen)
+        raise StoreError(
+            f"purge_finished: the executions it read changed under each of {_PURGE_TRIES} tries"
+        )
+
+    def forget_processed(self, before: float, *, limit: int = 10000) -> int:
+        """Remove up to ``limit`` (1..100000) dedupe markers recorded before ``before``
+        (epoch seconds, the database's clock); return how many. One short write
+        transaction; call again until 0. A marker forgotten no longer stops its event from
+        being handled again: keep markers longer than any redelivery can come."""
+        return self._run(self._forget_processed(before, limit=limit))
+
+    @staticmethod
+    def _forget_processed(before: float, *, limit: int = 10000) -> Plan[int]:
+        before = check_finite(before, "before")
+        limit = _batch_limit(limit, MAX_FORGET)
+        batch = Batch()
+        forgot = batch.add("forget_markers", before, limit)
+        batch.add("renew_markers_since", before, limit)
+        results = yield batch
+        return results[forgot]  # type: ignore[no-any-return]
+
+    def purge_dead(self, before: float, *, limit: int = 1000) -> int:
+        """Remove up to ``limit`` (1..100000) dead letters (outbox entries, spawns, timers)
+        that died before ``before`` (epoch seconds, the database's clock), oldest first;
+        return how many. Call again until 0."""
+        return self._run(self._purge_dead(before, limit=limit))
+
+    @staticmethod
+    def _purge_dead(before: float, *, limit: int = 1000) -> Plan[int]:
+        before = check_finite(before, "before")
+        left = _batch_limit(limit, MAX_FORGET)
+        for kind in ("outbox", "spawns", "timers"):  # one short transaction each
+            batch = Batch()
+            batch.add(f"purge_dead_{kind}", before, left)
+            (removed,) = yield batch
+            left -= removed
+            if not left:
+                break
+        return limit - left
+
+    def retention_counts(
+        self,
+        *,
+        finished_before: float | None = None,
+        markers_before: float | None = None,
+        dead_before: float | None = None,
+    ) -> tuple[int, int, int]:
+        """What `purge_finished`, `forget_processed` and `purge_dead` would remove, called
+        until 0 with these times (None: that kind is not counted): the executions, the
+        markers and the dead letters. One read, to the end of each walk."""
+        return self._run(
+            self._retention_counts(
+                finished_before=finished_before,
+                markers_before=markers_before,
+                dead_before=dead_before,
+            )
+        )
+
+    @staticmethod
+    def _retention_counts(
+        *,
+        finished_before: float | None = None,
+        markers_before: float | None = None,
+        dead_before: float | None = None,
+    ) -> Plan[tuple[int, int, int]]:
+        times = [
+            None if at is None else check_finite(at, name)
+            for at, name in (
+                (finished_before, "finished_before"),
+                (markers_before, "markers_before"),
+                (dead_before, "dead_before"),
+            )
+        ]
+        executions, markers, dead = yield statement("retention_counts", *times)
+        return executions, markers, dead
 
     # --- reads ---
 
@@ -1071,18 +1214,13 @@ class Store:
                 )
             # Every member is deleted under its version CAS, so a tree that moved since it
             # was read conflicts, writes nothing, and is read again.
-            batch = Batch()
-            for s in tree:
-                batch.guard("purge_execution", s.id, s.version)
-            for s in tree:
-                for name in COMPANIONS:
-                    batch.add(f"purge_{name}", s.id)
+            ids = [s.id for s in tree]
             try:
-                yield batch
+                yield _purge_batch([(s.id, s.version) for s in tree])
             except Conflicted:
                 continue
-            self._forget(s.id for s in tree)
-            return [s.id for s in tree]
+            self._forget(ids)
+            return ids
         raise StoreError(
             f"cannot purge the tree of {execution_id!r}: it changed under each of "
             f"{_PURGE_TRIES} tries (the tree read again each time)"

@@ -27,6 +27,10 @@ ROLLBACK;
 -- reads the row count instead.
 SELECT CASE WHEN changes() = 0 THEN json('harel-store: the guarded statement changed no row') END;
 
+-- name: guard_rows$
+-- As guard_changed, for a statement that must change exactly ?1 rows.
+SELECT CASE WHEN changes() <> ?1 THEN json('harel-store: the guarded statement changed another number of rows') END;
+
 -- name: ping$
 -- Whether the server answers at all (and accepts the token).
 SELECT 1;
@@ -119,7 +123,10 @@ VALUES (?, ?, ?, (julianday('now') - 2440587.5) * 86400.0)
 RETURNING seq;
 
 -- name: mark_processed!
-INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?);
+-- recorded_at: the database's clock (0007), for forget_processed; a marker recorded again
+-- keeps its first time.
+INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id, recorded_at)
+VALUES (?, ?, (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: insert_spawn!
 INSERT INTO harel_spawns (parent_id, child_id, root_path, context, created_at)
@@ -642,34 +649,150 @@ SELECT * FROM (
     ORDER BY dead_at, execution_id, path LIMIT ?1)
 ORDER BY 2, 1, 5, 6, 7 LIMIT ?1;
 
--- name: purge_execution!
--- The purge CAS.
-DELETE FROM harel_executions WHERE id = ? AND version = ?;
+-- The purge: executions deleted under their version CAS, with everything they own. Each
+-- statement takes a JSON array: of [id, version] pairs (the CAS), or of ids (what they own).
+
+-- name: purge_executions!
+-- The purge CAS: the executions of ?1 ([[id, version], ...]) at those versions. A batch that
+-- must delete all of them or none guards it with their number (Batch.guard(rows=N)).
+DELETE FROM harel_executions
+WHERE (id, version) IN (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1));
 
 -- What an execution owns, deleted in the purge's batch once its row is gone: after a purge
 -- CAS that missed because the execution moved on, these delete nothing (no step of a
 -- remote batch can branch on the one before); where no row existed at all they clear the
--- leftovers of an earlier interrupted purge.
+-- leftovers of an earlier interrupted purge. ?1: the ids, a JSON array.
 
 -- name: purge_processed!
 DELETE FROM harel_processed_events
-WHERE execution_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
+WHERE execution_id IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = harel_processed_events.execution_id);
 
 -- name: purge_trace!
 DELETE FROM harel_trace
-WHERE execution_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
+WHERE execution_id IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = harel_trace.execution_id);
 
 -- name: purge_timers!
 DELETE FROM harel_timers
-WHERE execution_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
+WHERE execution_id IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = harel_timers.execution_id);
 
 -- name: purge_outbox!
 DELETE FROM harel_outbox
-WHERE target_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
+WHERE target_id IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = harel_outbox.target_id);
 
 -- name: purge_spawns!
 DELETE FROM harel_spawns
-WHERE parent_id = ?1 AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = ?1);
+WHERE parent_id IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = harel_spawns.parent_id);
+
+-- Retention (0007): what a long-lived store may forget, oldest first, a bounded batch at a
+-- time. Every time is epoch seconds on the database's clock.
+
+-- name: finished_trees
+-- The trees of the first ?2 final roots last updated before ?1, least recently updated
+-- first (rows written before 0005, with no updated_at, before all: older than any time):
+-- one row per member, each tree's root first, as (root, id, version, status). UNION stops
+-- at a cycle. The walk reads harel_executions_final_roots alone (INDEXED BY: the planner
+-- would rather seek the status index and step over every final child).
+WITH RECURSIVE
+    roots (at, id) AS (
+        SELECT * FROM (
+            SELECT updated_at, id FROM harel_executions INDEXED BY harel_executions_final_roots
+            WHERE parent_id IS NULL AND status IN ('finished', 'failed', 'cancelled')
+              AND updated_at IS NULL
+            LIMIT ?2)
+        UNION ALL
+        SELECT * FROM (
+            SELECT updated_at, id FROM harel_executions INDEXED BY harel_executions_final_roots
+            WHERE parent_id IS NULL AND status IN ('finished', 'failed', 'cancelled')
+              AND updated_at < ?1
+            ORDER BY updated_at LIMIT ?2)),
+    tree (at, root, id) AS (
+        SELECT * FROM (SELECT at, id, id FROM roots ORDER BY at, id LIMIT ?2)
+        UNION
+        SELECT tree.at, tree.root, e.id FROM harel_executions AS e JOIN tree ON e.parent_id = tree.id)
+SELECT tree.root, e.id, e.version, COALESCE(e.status, 'unknown')
+FROM tree CROSS JOIN harel_executions AS e ON e.id = tree.id -- CROSS: tree first, e by key
+ORDER BY tree.at, tree.root, e.id <> tree.root, e.id;
+
+-- name: note_marker!
+-- A commit that records marker (?1, ?2) keeps its execution's markers_since at the time of
+-- its oldest marker: written when it had none (or the clock went back), so on most commits
+-- this reads one row and writes nothing.
+UPDATE harel_executions
+SET markers_since = (
+    SELECT recorded_at FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2)
+WHERE id = ?1 AND (markers_since IS NULL OR markers_since > (
+    SELECT recorded_at FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2));
+
+-- name: forget_markers!
+-- Up to ?2 markers recorded before ?1, of the first ?2 executions whose oldest marker is
+-- (every one of them has at least one: markers_since is exact).
+DELETE FROM harel_processed_events
+WHERE (execution_id, event_id) IN (
+    SELECT p.execution_id, p.event_id
+    FROM (SELECT id FROM harel_executions WHERE markers_since < ?1
+          ORDER BY markers_since LIMIT ?2) AS e
+    JOIN harel_processed_events AS p ON p.execution_id = e.id
+    WHERE p.recorded_at < ?1
+    LIMIT ?2);
+
+-- name: renew_markers_since!
+-- After forget_markers, in its batch: the same executions' markers_since, the time of their
+-- oldest marker left (NULL: none), written only where it moved.
+UPDATE harel_executions
+SET markers_since = (
+    SELECT MIN(recorded_at) FROM harel_processed_events
+    WHERE execution_id = harel_executions.id)
+WHERE id IN (SELECT id FROM harel_executions WHERE markers_since < ?1
+             ORDER BY markers_since LIMIT ?2)
+  AND markers_since IS NOT (
+    SELECT MIN(recorded_at) FROM harel_processed_events
+    WHERE execution_id = harel_executions.id);
+
+-- Dead letters that died before ?1, up to ?2 of each kind, oldest first (their dead indexes).
+
+-- name: purge_dead_outbox!
+DELETE FROM harel_outbox WHERE seq IN (
+    SELECT seq FROM harel_outbox WHERE dead_at IS NOT NULL AND dead_at < ?1
+    ORDER BY dead_at LIMIT ?2);
+
+-- name: purge_dead_spawns!
+DELETE FROM harel_spawns WHERE seq IN (
+    SELECT seq FROM harel_spawns WHERE dead_at IS NOT NULL AND dead_at < ?1
+    ORDER BY dead_at LIMIT ?2);
+
+-- name: purge_dead_timers!
+DELETE FROM harel_timers WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM harel_timers WHERE dead_at IS NOT NULL AND dead_at < ?1
+    ORDER BY dead_at LIMIT ?2);
+
+-- name: retention_counts^
+-- What a gc would remove (harel-store gc --dry-run): the executions of the final trees
+-- whose roots were last updated before ?1 (NULL: not asked; a tree with a member not
+-- final counts 0), the markers recorded before ?2, the dead letters dead before ?3.
+-- The counts read what the batches would walk, to its end.
+WITH RECURSIVE
+    tree (root, id) AS (
+        SELECT id, id FROM harel_executions INDEXED BY harel_executions_final_roots
+        WHERE ?1 IS NOT NULL AND parent_id IS NULL
+          AND status IN ('finished', 'failed', 'cancelled')
+          AND (updated_at IS NULL OR updated_at < ?1)
+        UNION
+        SELECT tree.root, e.id FROM harel_executions AS e JOIN tree ON e.parent_id = tree.id),
+    trees (members, open) AS (
+        SELECT COUNT(*), SUM(COALESCE(e.status, 'unknown') NOT IN ('finished', 'failed', 'cancelled'))
+        FROM tree CROSS JOIN harel_executions AS e ON e.id = tree.id GROUP BY tree.root)
+SELECT (SELECT COALESCE(SUM(members), 0) FROM trees WHERE open = 0),
+       (SELECT COUNT(*) FROM harel_executions AS e JOIN harel_processed_events AS p
+        ON p.execution_id = e.id WHERE e.markers_since < ?2 AND p.recorded_at < ?2),
+       (SELECT COUNT(*) FROM harel_outbox WHERE dead_at < ?3)
+       + (SELECT COUNT(*) FROM harel_spawns WHERE dead_at < ?3)
+       + (SELECT COUNT(*) FROM harel_timers WHERE dead_at < ?3);
 
 -- name: ids_in_range
 -- Ids with a prefix, as the primary-key range [?1, ?2): case-sensitive, with no character

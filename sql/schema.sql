@@ -14,7 +14,10 @@ CREATE TABLE harel_executions (
     -- Epoch seconds on the database's clock (0005): the insert CAS sets both, every later CAS
     -- write updated_at. NULL for rows written before 0005.
     created_at REAL,
-    updated_at REAL
+    updated_at REAL,
+    -- The recording time of the execution's oldest dedupe marker (0007; NULL: it has none).
+    -- forget_processed finds the old markers through it (see harel_processed_events).
+    markers_since REAL
 );
 
 CREATE INDEX harel_executions_status ON harel_executions (status, id);
@@ -27,6 +30,14 @@ CREATE INDEX harel_executions_parent ON harel_executions (parent_id, id)
 WHERE parent_id IS NOT NULL;
 -- Newest-first listings and time windows, per status (NULL times first in each status).
 CREATE INDEX harel_executions_updated ON harel_executions (status, updated_at, id);
+-- The executions with dedupe markers, the oldest marker first (0007): written when an
+-- execution gets its first marker, not on every commit that records one.
+CREATE INDEX harel_executions_markers ON harel_executions (markers_since)
+WHERE markers_since IS NOT NULL;
+-- The final roots, least recently updated first (0007): purge_finished's walk. A commit of a
+-- running execution never writes it. NULL updated_at (rows written before 0005) first.
+CREATE INDEX harel_executions_final_roots ON harel_executions (updated_at)
+WHERE parent_id IS NULL AND status IN ('finished', 'failed', 'cancelled');
 
 CREATE TABLE harel_outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -54,6 +65,10 @@ CREATE INDEX harel_outbox_dead ON harel_outbox (dead_at, seq DESC) WHERE dead_at
 CREATE TABLE harel_processed_events (
     execution_id TEXT NOT NULL,
     event_id TEXT NOT NULL,
+    -- When the marker was recorded, epoch seconds on the database's clock (0007; markers
+    -- recorded before 0007 have the time the migration ran). No index of its own: the
+    -- execution's markers_since leads to the old ones.
+    recorded_at REAL,
     PRIMARY KEY (execution_id, event_id)
 ) WITHOUT ROWID;
 

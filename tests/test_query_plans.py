@@ -28,13 +28,15 @@ HOT = {
     "schedule_timer", "cancel_timer", "append_trace", "trim_trace", "read_trace",
     "list_executions", "list_by_status", "list_by_definition", "list_roots",
     "list_roots_by_definition", "pending_outbox", "ack_outbox", "pending_spawns",
-    "due_timers", "delete_timer", "purge_execution", "purge_processed", "purge_trace",
+    "due_timers", "delete_timer", "purge_executions", "purge_processed", "purge_trace",
     "purge_timers", "purge_outbox", "purge_spawns", "ids_in_range", "publish_definition",
     "load_definition", "claim_outbox", "claim_spawns", "claim_due_timers", "list_newest",
     "list_oldest", "mark_dead_outbox", "mark_dead_spawns", "mark_dead_timers", "ack_spawns",
     "fail_outbox", "fail_spawns", "fail_timer", "extend_outbox", "extend_spawns",
     "extend_timer", "revive_outbox", "revive_spawns", "revive_timer", "dead_letters",
-    "release_outbox", "release_spawns", "release_timer", "attempts_of",
+    "release_outbox", "release_spawns", "release_timer", "attempts_of", "note_marker",
+    "finished_trees", "forget_markers", "renew_markers_since", "purge_dead_outbox",
+    "purge_dead_spawns", "purge_dead_timers",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
 # and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it
@@ -118,6 +120,26 @@ def test_acks_and_their_kin_find_each_row_by_primary_key(conn: Any) -> None:
     for name in ("delete_timer", "fail_timer", "extend_timer", "revive_timer"):
         plan = _plan(conn, name)
         assert plan == ["SEARCH harel_timers USING PRIMARY KEY (execution_id=? AND path=?)"]
+
+
+def test_retention_walks_its_own_indexes_oldest_first(conn: Any) -> None:
+    # purge_finished reads the final roots alone (never a running execution, never a child),
+    # forget_processed the executions that have markers, each marker by primary key.
+    roots = [s for s in _plan(conn, "finished_trees") if s.startswith("SEARCH harel_executions")]
+    assert roots == [
+        "SEARCH harel_executions USING INDEX harel_executions_final_roots (updated_at=?)",
+        "SEARCH harel_executions USING INDEX harel_executions_final_roots (updated_at<?)",
+    ]
+    for name in ("forget_markers", "renew_markers_since"):
+        plan = _plan(conn, name)
+        walk = "SEARCH harel_executions USING INDEX harel_executions_markers (markers_since<?)"
+        assert walk in plan, plan
+        assert not [s for s in plan if "TEMP B-TREE" in s], plan
+    # A commit's marker reads its execution's markers_since by primary key, the marker too.
+    assert _plan(conn, "note_marker")[0].endswith("sqlite_autoindex_harel_executions_1 (id=?)")
+    for kind, table in (("outbox", "outbox"), ("spawns", "spawns"), ("timers", "timers")):
+        plan = _plan(conn, f"purge_dead_{kind}")
+        assert any(f"INDEX harel_{table}_dead (dead_at>? AND dead_at<?)" in s for s in plan), plan
 
 
 def test_dead_letters_read_each_kinds_dead_index_from_its_start(conn: Any) -> None:

@@ -109,7 +109,9 @@ class _Wire:
             steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(step)})
             self.positions.append(len(steps) - 1)
             if index in request.guards:
-                steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(_GUARD)})
+                rows = request.guards[index]
+                guard = _GUARD if rows is None else statement("guard_rows", rows)
+                steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(guard)})
                 self.guards[len(steps) - 1] = index
         self.commit = len(steps)
         steps.append({"condition": _ok(self.commit - 1), "stmt": _stmt(_COMMIT)})

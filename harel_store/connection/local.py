@@ -91,7 +91,7 @@ class LocalConnection:
                         continue
                 # No cursor outlives its step: an unfinished one would block the COMMIT.
                 result = self._result(query, self._execute(query, params))
-                if result == 0 and index in batch.guards:  # a guard's kind is "!": rows changed
+                if not batch.guarded(index, result):  # a guard's kind is "!": rows changed
                     self.db.rollback()
                     found = None
                     if batch.conflict is not None:
