@@ -315,6 +315,10 @@ class AsyncLibsqlStore:
         """Async version of `LibsqlStore.purge`."""
         return await self._run(self._s._purge(execution_id, expected_version))
 
+    async def clock(self) -> float:
+        """Async version of `LibsqlStore.clock`."""
+        return await self._run(self._s._clock())
+
     async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
         """Async version of `LibsqlStore.purge_finished`."""
         return await self._run(self._s._purge_finished(before, limit=limit))

@@ -468,6 +468,15 @@ class Store:
 
     # --- retention ---
 
+    def clock(self) -> float:
+        """The database's clock now, epoch seconds: the clock of every time the store writes
+        (``updated_at``, a marker's time, a lease), so the one to take a horizon from."""
+        return self._run(self._clock())
+
+    @staticmethod
+    def _clock() -> Plan[float]:
+        return float((yield statement("clock")))
+
     def purge_finished(self, before: float, *, limit: int = 1000) -> int:
         """Remove up to ``limit`` (1..10000) finished, failed or cancelled executions last
         updated before ``before`` (epoch seconds, the database's clock), each with everything

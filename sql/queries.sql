@@ -31,6 +31,10 @@ SELECT CASE WHEN changes() = 0 THEN json('harel-store: the guarded statement cha
 -- As guard_changed, for a statement that must change exactly ?1 rows.
 SELECT CASE WHEN changes() <> ?1 THEN json('harel-store: the guarded statement changed another number of rows') END;
 
+-- name: clock$
+-- The database's clock, epoch seconds: every time the store writes is on it.
+SELECT (julianday('now') - 2440587.5) * 86400.0;
+
 -- name: ping$
 -- Whether the server answers at all (and accepts the token).
 SELECT 1;

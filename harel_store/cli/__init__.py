@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from harel_store import __version__
-from harel_store.cli import dead, demo, executions, relays, schema, status
+from harel_store.cli import dead, demo, executions, gc, relays, schema, status
 from harel_store.cli.common import Command
 from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
@@ -28,6 +28,7 @@ COMMANDS: list[Command] = [
     *relays.COMMANDS,
     *dead.COMMANDS,
     *executions.COMMANDS[3:],  # purge
+    *gc.COMMANDS,
     *schema.COMMANDS[1:],
     *demo.COMMANDS,
 ]
@@ -48,6 +49,7 @@ examples:
   {PROG} show order-1a2b3c4d
   {PROG} outbox --limit 20
   {PROG} status --check --max-outbox-age 60s
+  {PROG} gc --finished-older-than 90d --markers-older-than 30d --dry-run
 
 exit codes: 0 ok, 1 failure, 2 usage error
 """
