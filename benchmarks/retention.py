@@ -1,0 +1,937 @@
+"""harel-store retention benchmark: gc of a large file (purge_finished, forget_processed).
+
+    python -m benchmarks.retention            # full: 1M finished executions (~13 min on 2 cores)
+    python -m benchmarks.retention --quick    # 50k finished executions (well under a minute)
+
+The dataset is seeded with bulk SQL (stdlib sqlite3, recursive CTEs) on a file the store
+migrated to head: N finished roots, each as a commit leaves it (a row with every column, its
+Execution JSON, a 10-step trace, one dedupe marker, one timer), and N/10 running executions
+(10 trace steps, a timer and 5 markers each) that must survive. Every row was last updated
+about two days ago, in an order unrelated to the ids (as with random ids: each batch
+deletes entries on leaves all over every b-tree it writes: the executions' table and its
+nine indexes, the trace, the markers, the timers and their index). Each measurement runs on its
+own copy of the seeded file through ``LibsqlStore(path)`` (local file, WAL, synchronous
+FULL, the default); counts are checked with sqlite3 once every libsql connection is closed.
+
+Measured:
+
+- **gc rate**: ``purge_finished(before, limit=1000)`` (the default) called until 0:
+  executions removed per second (wall time of the whole drain, the final call that returns
+  0 included). Then ``forget_processed(before)`` (limit 10000) until 0 on the running
+  executions' markers: markers removed per second. The same at limit=250 on another copy,
+  drained or stopped after a time cap (8 s quick, 45 s full: the rate of the oldest part;
+  the rows are spread evenly, so it stands for the whole).
+- **where the time goes**: before that limit=250 drain, 5 batches of purge_finished's own
+  statements (queries.sql) on stdlib sqlite3, FULL, WAL never checkpointed: WAL pages
+  written per purged execution and ms per batch of each statement and of a checkpoint of
+  those pages (what an automatic checkpoint adds to some later commit).
+- **ids in update order** (information): the same profile and a limit=1000 drain (capped as
+  above) on a second dataset whose ids sort as their update times (ids made from the time),
+  so a batch deletes neighbouring rows of every b-tree: the best case.
+- **longest write transaction of a gc batch**: each call is one read (``finished_trees``) and
+  one write transaction. The max and p99 of the *call* times are an upper bound of the write
+  transaction; the transaction itself (``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned:
+  the time the write lock is held, fsync included) is also timed by wrapping the store's
+  connection methods on the instance, with the time of each statement (where the time goes).
+- **a concurrent writer**: another process (this module with ``--writer``) opens its own
+  ``LibsqlStore`` on the same file and makes typical commits (a CAS update, an outbox entry,
+  a marker, a timer, a trace step) on its own running executions, one every ~2 ms, timing
+  each. Its p99 commit latency for a fixed time without gc (baseline, same run), then
+  during a gc pass at limit=1000 (capped: 8 s quick, 30 s full): the ratio.
+- **file size** (MB) before gc, after gc (WAL checkpointed into the file) and after VACUUM
+  (stdlib sqlite3, every libsql connection closed).
+- **WAL pages per typical commit** before / after the marker time (migration 0007), on bare
+  sqlite3 connections as ``benchmarks.run`` measures them: before = migrations 0001..0006
+  in order (the previous head) with the old marker insert and no ``note_marker``; after =
+  ``sql/schema.sql`` (head) with ``mark_processed`` + ``note_marker``. A typical commit is
+  one of an execution that has markers already; the commit that records an execution's
+  FIRST marker (``markers_since`` NULL -> a time: an entry in ``harel_executions_markers``)
+  is reported on its own, as information.
+
+Prints a table (figure, value, target, met) and writes JSON to
+``benchmarks/results/retention-<timestamp>.json``. Not a test: absolute times depend on the
+machine and its load (the file sits in the page cache: the machine's RAM holds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/retention.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.run import (
+    POOL,
+    STEP,
+    WAL_COMMITS,
+    bare_connection,
+    executions,
+    fire_times,
+    table_kinds,
+    wal_pages,
+)
+from harel_store import DEFAULT_TRACE_MAX, Event, Execution, LibsqlStore, SqliteStore, TimerOp
+from harel_store.errors import StoreBusy
+from harel_store.sql import QUERIES, SQL_DIR, split_statements
+from harel_store.store import COMPANIONS, Store
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+FINAL = ("finished", "failed", "cancelled")
+TRACE_STEPS = 10  # trace rows of every seeded execution
+RUNNING_MARKERS = 5  # old markers of every seeded running execution
+AGE = 2 * 86400.0  # the seeded rows were last updated about this long ago
+HORIZON = 3600.0  # gc removes what is older than an hour
+WRITER_INTERVAL = 0.002  # the concurrent writer's pause between commits, seconds
+WRITER_WARMUP = 300  # its commits before it measures (each execution has its marker)
+
+
+# --- the report ---
+
+
+@dataclass
+class Report:
+    """As benchmarks.run.Report, with the figure's unit and whether its target was met."""
+
+    rows: list[tuple[str, str, float, str, str]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def add(
+        self, key: str, figure: str, value: float, target: str = "", unit: str = "", **raw: Any
+    ) -> None:
+        self.data[key] = {
+            "figure": figure,
+            "value": round(value, 4),
+            "unit": unit or None,
+            "target": target or None,
+            "met": met(value, target),
+            **raw,
+        }
+        self.rows.append((key, figure, value, unit, target))
+        print(f"  {key:<64} {value:12.3f} {unit:<8} {target}", flush=True)
+
+
+def met(value: float, target: str) -> bool | None:
+    """Whether ``value`` meets a target written "<= X" or ">= X" (None: no target)."""
+    if not target:
+        return None
+    op, bound = target.split()
+    limit = float(bound)
+    return value <= limit if op == "<=" else value >= limit
+
+
+def quantile(samples: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile."""
+    ordered = sorted(samples)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+def file_mb(path: Path) -> float:
+    return path.stat().st_size / 1e6 if path.exists() else 0.0
+
+
+# --- the dataset, seeded with bulk SQL ---
+
+CLOCK = "(julianday('now') - 2440587.5) * 86400.0"
+
+# total = N finished + N/10 running; n % 11 == 10 is running. Update times spread over
+# [old, old + total * 0.01 s), {order} (SCATTERED or ORDERED) placing each id in it.
+SCATTERED = "((n * 7919) % :total)"  # unrelated to the ids, as random ids (7919 is prime)
+ORDERED = "n"  # ids in update order, as ids made from the time (the best case)
+SEED_EXECUTIONS = """
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :total),
+rows AS (
+  SELECT printf('exe-%08d', n) AS id, n % 11 = 10 AS running,
+         {clock} - :age + {order} * 0.01 AS at
+  FROM seq)
+INSERT INTO harel_executions
+    (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at,
+     created_at, updated_at, markers_since)
+SELECT id, 'order',
+       CASE WHEN running THEN json_set(:running_json, '$.id', id)
+            ELSE json_set(:finished_json, '$.id', id, '$.finished_at', at) END,
+       12,
+       CASE WHEN running THEN 'running' ELSE 'finished' END,
+       CASE WHEN running THEN NULL ELSE 'done' END,
+       CASE WHEN running THEN 'main.wait' ELSE 'main.done' END,
+       NULL,
+       CASE WHEN running THEN NULL ELSE at END,
+       at - 600.0, at,
+       at - 300.0 - CASE WHEN running THEN :markers - 1 ELSE 0 END
+FROM rows
+"""
+# In primary-key order, as the b-trees like it.
+SEED_TRACE = """
+WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :rows)
+INSERT INTO harel_trace (execution_id, idx, entry)
+SELECT printf('exe-%08d', n / :steps), n % :steps,
+       json_object('event', 'tick', 'transition', 'main.wait -> main.wait',
+                   'at', 1.7e9 + n / :steps + (n % :steps) * 0.5)
+FROM seq
+"""
+# One marker per finished execution, RUNNING_MARKERS per running one; event ids as
+# Event.id makes them (32 hex digits).
+SEED_MARKERS = """
+WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < :markers)
+INSERT INTO harel_processed_events (execution_id, event_id, recorded_at)
+SELECT e.id, lower(hex(randomblob(16))), e.updated_at - 300.0 - k.i
+FROM harel_executions AS e JOIN k ON k.i < CASE WHEN e.status = 'running' THEN :markers ELSE 1 END
+ORDER BY e.id
+"""
+SEED_TIMERS = """
+INSERT INTO harel_timers (execution_id, path, fire_at)
+SELECT id, 'main.wait', updated_at + 3600.0 FROM harel_executions ORDER BY id
+"""
+
+
+def representative(status: str) -> str:
+    """A representative Execution's JSON (its id and finished_at are set per row)."""
+    final = status != "running"
+    return Execution(
+        id="exe-00000000",
+        definition_id="order",
+        version=12,
+        status=status,  # type: ignore[arg-type]
+        outcome="done" if final else None,
+        active_path="main.done" if final else "main.wait",
+        finished_at=1.7e9 if final else None,
+        context={"order": 1, "customer": "c-1", "items": [1, 2, 3], "note": "x" * 40},
+    ).model_dump_json()
+
+
+def seed(path: Path, finished: int, order: str = SCATTERED) -> float:
+    """``finished`` finished roots and ``finished // 10`` running executions, last updated in
+    ``order`` (SCATTERED or ORDERED); seconds taken."""
+    t0 = time.perf_counter()
+    SqliteStore(path).close()  # the schema at head, made by the store
+    total = finished + finished // 10
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = DELETE").fetchall()  # a rollback journal of ~nothing
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("PRAGMA cache_size = -1000000")  # 1 GB: the random index inserts stay in RAM
+    conn.execute("BEGIN")
+    conn.execute(
+        SEED_EXECUTIONS.format(clock=CLOCK, order=order),
+        {
+            "total": total,
+            "age": AGE,
+            "markers": RUNNING_MARKERS,
+            "running_json": representative("running"),
+            "finished_json": representative("finished"),
+        },
+    )
+    conn.execute(SEED_TRACE, {"rows": total * TRACE_STEPS, "steps": TRACE_STEPS})
+    conn.execute(SEED_MARKERS, {"markers": RUNNING_MARKERS})
+    conn.execute(SEED_TIMERS)
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA journal_mode = WAL").fetchall()
+    conn.close()
+    return time.perf_counter() - t0
+
+
+def table_counts(path: Path) -> dict[str, int]:
+    """What the file holds (stdlib sqlite3: call it only with no libsql connection open)."""
+    conn = sqlite3.connect(path)
+    try:
+        one: Callable[[str], int] = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+        final = ", ".join(f"'{s}'" for s in FINAL)
+        return {
+            "final": one(f"SELECT COUNT(*) FROM harel_executions WHERE status IN ({final})"),
+            "running": one("SELECT COUNT(*) FROM harel_executions WHERE status = 'running'"),
+            "seeded_running": one(
+                "SELECT COUNT(*) FROM harel_executions WHERE status = 'running' AND id LIKE 'exe-%'"
+            ),
+            "trace": one("SELECT COUNT(*) FROM harel_trace"),
+            "seeded_trace": one("SELECT COUNT(*) FROM harel_trace WHERE execution_id LIKE 'exe-%'"),
+            "markers": one("SELECT COUNT(*) FROM harel_processed_events"),
+            "seeded_markers": one(
+                "SELECT COUNT(*) FROM harel_processed_events WHERE execution_id LIKE 'exe-%'"
+            ),
+            "timers": one("SELECT COUNT(*) FROM harel_timers"),
+            "seeded_timers": one(
+                "SELECT COUNT(*) FROM harel_timers WHERE execution_id LIKE 'exe-%'"
+            ),
+            "seeded_markers_since": one(
+                "SELECT COUNT(*) FROM harel_executions"
+                " WHERE markers_since IS NOT NULL AND id LIKE 'exe-%'"
+            ),
+            "orphans": one(
+                "SELECT (SELECT COUNT(*) FROM harel_trace WHERE execution_id NOT IN"
+                " (SELECT id FROM harel_executions))"
+                " + (SELECT COUNT(*) FROM harel_processed_events WHERE execution_id NOT IN"
+                " (SELECT id FROM harel_executions))"
+                " + (SELECT COUNT(*) FROM harel_timers WHERE execution_id NOT IN"
+                " (SELECT id FROM harel_executions))"
+            ),
+        }
+    finally:
+        conn.close()
+
+
+def checkpoint(path: Path) -> float:
+    """Fold the WAL into the file and truncate it (stdlib sqlite3); the WAL's MB before."""
+    wal = file_mb(Path(f"{path}-wal"))
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        conn.close()
+    return wal
+
+
+def vacuum(path: Path) -> float:
+    """VACUUM (stdlib sqlite3, no other connection open); seconds taken."""
+    t0 = time.perf_counter()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        conn.close()
+    return time.perf_counter() - t0
+
+
+# --- timing the store's statements and write transactions ---
+
+
+class Timed:
+    """The store's local connection with its statement methods wrapped (on the instance):
+    the time of each statement by its name in queries.sql (execute and fetch), and of each
+    write transaction from BEGIN IMMEDIATE returned (the write lock held) to COMMIT returned
+    (the WAL synced)."""
+
+    def __init__(self, store: Store) -> None:
+        conn: Any = store._conn
+        self.by_name: defaultdict[str, float] = defaultdict(float)
+        self.transactions: list[float] = []
+        self._begun = 0.0
+        execute, result, commit = conn._execute, conn._result, conn._commit
+
+        def timed_execute(query: Any, params: Any) -> Any:
+            t0 = time.perf_counter()
+            cur = execute(query, params)
+            t1 = time.perf_counter()
+            self.by_name[query.name] += t1 - t0
+            if query.name == "begin":
+                self._begun = t1
+            return cur
+
+        def timed_result(query: Any, cur: Any) -> Any:
+            t0 = time.perf_counter()
+            out = result(query, cur)
+            self.by_name[query.name] += time.perf_counter() - t0
+            return out
+
+        def timed_commit() -> None:
+            t0 = time.perf_counter()
+            commit()
+            t1 = time.perf_counter()
+            self.by_name["commit"] += t1 - t0
+            self.transactions.append(t1 - self._begun)
+
+        conn._execute, conn._result, conn._commit = timed_execute, timed_result, timed_commit
+
+    def reset(self) -> None:
+        self.by_name.clear()
+        self.transactions.clear()
+
+    def shares(self, total: float) -> dict[str, float]:
+        """Each statement's share of ``total`` seconds, largest first."""
+        return {
+            name: round(seconds / total, 4)
+            for name, seconds in sorted(self.by_name.items(), key=lambda kv: -kv[1])
+        }
+
+
+@dataclass
+class Drain:
+    removed: int
+    seconds: float
+    calls: list[float]
+    transactions: list[float]
+    shares: dict[str, float]
+    finished: bool  # called until it returned 0 (not stopped by a deadline)
+
+    @property
+    def rate(self) -> float:
+        return self.removed / self.seconds
+
+
+def drain(timed: Timed, call: Callable[[], int], deadline: float | None = None) -> Drain:
+    """Call until it removes nothing (or the deadline, time.monotonic(), passes)."""
+    timed.reset()
+    calls: list[float] = []
+    removed = 0
+    done = False
+    t0 = time.perf_counter()
+    while True:
+        c0 = time.perf_counter()
+        k = call()
+        calls.append(time.perf_counter() - c0)
+        removed += k
+        if not k:
+            done = True
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if len(calls) % 200 == 0:
+            rate = removed / (time.perf_counter() - t0)
+            print(f"    ... {removed:,} removed ({rate:,.0f}/s)", flush=True)
+    seconds = time.perf_counter() - t0
+    return Drain(removed, seconds, calls, list(timed.transactions), timed.shares(seconds), done)
+
+
+def add_drain(report: Report, tag: str, what: str, d: Drain, rate_target: str = "") -> None:
+    report.add(
+        f"{tag} {what}/s",
+        f"{what} removed per second, calls until 0 (wall time)",
+        d.rate,
+        rate_target,
+        f"{what[:4]}/s",
+        removed=d.removed,
+        seconds=round(d.seconds, 3),
+        calls=len(d.calls),
+        time_by_statement=d.shares,
+    )
+    for name, samples in (("call", d.calls), ("write tx", d.transactions)):
+        bound = " (an upper bound of its write transaction)" if name == "call" else ""
+        report.add(
+            f"{tag} longest {name} ms",
+            f"the longest {name}{bound}",
+            max(samples) * 1e3,
+            "<= 50" if what == "executions" else "",
+            "ms",
+            p99_ms=round(quantile(samples, 0.99) * 1e3, 3),
+            median_ms=round(quantile(samples, 0.5) * 1e3, 3),
+        )
+        report.add(
+            f"{tag} p99 {name} ms", f"p99 of the {name} times", quantile(samples, 0.99) * 1e3,
+            unit="ms",
+        )  # fmt: skip
+
+
+# --- the concurrent writer (another process) ---
+
+
+def writer_main(database: Path, interval: float) -> None:
+    """Typical commits on POOL running executions of its own until stdin closes; then the
+    (start on time.monotonic(), latency) of each measured commit as JSON on stdout."""
+    store = LibsqlStore(database)
+    exes = [
+        Execution(
+            id=f"writer-{i:05d}",
+            definition_id="order",
+            active_path="main.wait",
+            context={"order": i, "customer": f"c-{i}", "items": [1, 2, 3], "note": "x" * 40},
+        )
+        for i in range(POOL)
+    ]
+    for exe in exes:
+        store.save(exe)
+    stop = threading.Event()
+
+    def watch() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    samples: list[tuple[float, float]] = []
+    busy = 0
+    prefix = f"w-{os.getpid()}-{time.time_ns()}"
+    i = 0
+    while not stop.is_set():
+        exe = exes[i % POOL]
+        event = Event(name="tick", payload={"n": i})
+        timers = [TimerOp.schedule("main.wait", 1e9 + i)]
+        start = time.monotonic()
+        t0 = time.perf_counter()
+        try:
+            store.commit(
+                exe, [(exe.id, event)], processed_event_id=f"{prefix}-{i}", timers=timers,
+                trace=STEP,
+            )  # fmt: skip
+        except StoreBusy:
+            busy += 1
+        latency = time.perf_counter() - t0
+        i += 1
+        if i == WRITER_WARMUP:
+            print("ready", flush=True)
+        elif i > WRITER_WARMUP:
+            samples.append((start, latency))
+        time.sleep(interval)
+    store.close()
+    print(json.dumps({"samples": samples, "busy": busy}), flush=True)
+
+
+@contextlib.contextmanager
+def writer(database: Path) -> Iterator[Callable[[], dict[str, Any]]]:
+    """A writer process on ``database``, measuring once it yields; call what it yields to
+    stop it and get its samples."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.retention", "--writer", str(database),
+         str(WRITER_INTERVAL)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    result: dict[str, Any] = {}
+
+    def stop() -> dict[str, Any]:
+        if not result:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.close()
+            result.update(json.loads(proc.stdout.read()))
+            assert proc.wait(timeout=60) == 0
+        return result
+
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", line
+        yield stop
+    finally:
+        if proc.poll() is None and not result:
+            proc.kill()  # only on failure: it is this function's child
+            proc.wait()
+
+
+def window(samples: list[list[float]], start: float, end: float) -> list[float]:
+    return [latency for at, latency in samples if start <= at < end]
+
+
+# --- the sections ---
+
+
+def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
+    running = n // 10
+    print(f"gc, limit=1000: {n:,} finished roots, {running:,} running", flush=True)
+    db = tmp / "gc-1000.db"
+    shutil.copyfile(seeded, db)
+    before_mb = file_mb(db)
+    store = LibsqlStore(db)
+    timed = Timed(store)
+    before = store.clock() - HORIZON
+    t0 = time.perf_counter()
+    counts = store.retention_counts(finished_before=before, markers_before=before)
+    dry = time.perf_counter() - t0
+    assert counts == (n, n + running * RUNNING_MARKERS, 0), counts
+    purged = drain(timed, lambda: store.purge_finished(before, limit=1000))
+    forgot = drain(timed, lambda: store.forget_processed(before))
+    store.close()
+    add_drain(report, "purge_finished limit=1000", "executions", purged, ">= 20000")
+    add_drain(report, "forget_processed limit=10000", "markers", forgot)
+    report.add(
+        "retention_counts (dry run) s",
+        "retention_counts(finished_before, markers_before) over the seeded file (info)",
+        dry,
+        unit="s",
+    )
+    assert purged.finished and purged.removed == n, purged.removed
+    assert forgot.finished and forgot.removed == running * RUNNING_MARKERS, forgot.removed
+    wal_mb = checkpoint(db)
+    after = table_counts(db)
+    expected = {
+        "final": 0,
+        "running": running,
+        "trace": running * TRACE_STEPS,
+        "markers": 0,
+        "timers": running,
+        "seeded_markers_since": 0,
+        "orphans": 0,
+    }
+    assert {k: after[k] for k in expected} == expected, after
+    gc_mb = file_mb(db)
+    took = vacuum(db)
+    vacuum_mb = file_mb(db)
+    assert table_counts(db) == after
+    db.unlink()
+    report.add("file MB before gc", "the seeded file (WAL checkpointed)", before_mb, unit="MB")
+    report.add(
+        "file MB after gc", "after gc, its WAL checkpointed into the file", gc_mb, unit="MB",
+        wal_mb_before_checkpoint=round(wal_mb, 1),
+    )  # fmt: skip
+    report.add(
+        "file MB after VACUUM", "after gc and VACUUM (stdlib sqlite3)", vacuum_mb, unit="MB",
+        vacuum_s=round(took, 2),
+    )  # fmt: skip
+
+
+PROFILE_BATCHES = 5  # batches of the raw profile (limit 1000)
+
+
+def raw_batches(path: Path, batches: int, limit: int = 1000) -> dict[str, Any]:
+    """purge_finished's statements (queries.sql) on stdlib sqlite3, synchronous FULL, with
+    the WAL never checkpointed meanwhile: the WAL pages each purged execution costs, each
+    statement's time per batch, and what a checkpoint of those pages then takes per batch
+    (the cost an automatic checkpoint adds to some commit). Call it with no libsql
+    connection open on ``path``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        (page,) = conn.execute("PRAGMA page_size").fetchone()
+        (before,) = conn.execute(f"SELECT {CLOCK} - {HORIZON}").fetchone()
+        wal = Path(f"{path}-wal")
+        ms: defaultdict[str, float] = defaultdict(float)
+        removed = 0
+
+        def timed(name: str, *params: Any) -> Any:
+            t0 = time.perf_counter()
+            sql = QUERIES[name].sql if name in QUERIES else name
+            rows = conn.execute(
+                sql, QUERIES[name].bind(params) if name in QUERIES else ()
+            ).fetchall()
+            ms[name] += (time.perf_counter() - t0) * 1e3 / batches
+            return rows
+
+        for _ in range(batches):
+            trees = timed("finished_trees", before, limit)
+            members = json.dumps([[row[1], row[2]] for row in trees])
+            ids = json.dumps([row[1] for row in trees])
+            timed("BEGIN IMMEDIATE")
+            timed("purge_executions", members)
+            for name in COMPANIONS:
+                timed(f"purge_{name}", ids)
+            timed("COMMIT")
+            removed += len(trees)
+        frames = (wal.stat().st_size - 32) // (page + 24)
+        t0 = time.perf_counter()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        ms["checkpoint"] = (time.perf_counter() - t0) * 1e3 / batches
+        return {
+            "removed": removed,
+            "pages_per_execution": frames / removed,
+            "ms_per_batch": round(sum(ms.values()), 2),
+            "statement_ms_per_batch": {k: round(v, 2) for k, v in ms.items()},
+        }
+    finally:
+        conn.close()
+
+
+def bench_drain(
+    report: Report,
+    tmp: Path,
+    seeded: Path,
+    n: int,
+    limit: int,
+    cap: float,
+    tag: str,
+    target: str,
+) -> None:
+    """A raw profile of a few batches (stdlib sqlite3), then purge_finished(limit) until 0
+    through LibsqlStore, or until ``cap`` seconds have passed."""
+    print(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)", flush=True)
+    db = tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"
+    shutil.copyfile(seeded, db)
+    raw = raw_batches(db, PROFILE_BATCHES)
+    report.add(
+        f"raw batch{tag}: WAL pages per purged execution",
+        "purge_finished's statements on bare sqlite3, limit 1000, FULL, no checkpoint (info)",
+        raw["pages_per_execution"],
+        unit="pages",
+        **raw,
+    )
+    report.add(
+        f"raw batch{tag}: ms per 1000-batch",
+        "the same: the read, the write transaction and a checkpoint of its pages (info)",
+        raw["ms_per_batch"],
+        unit="ms",
+    )
+    store = LibsqlStore(db)
+    timed = Timed(store)
+    before = store.clock() - HORIZON
+    deadline = time.monotonic() + cap
+    purged = drain(timed, lambda: store.purge_finished(before, limit=limit), deadline)
+    store.close()
+    add_drain(report, f"purge_finished limit={limit}{tag}", "executions", purged, target)
+    report.data[f"purge_finished limit={limit}{tag} executions/s"]["drained"] = purged.finished
+    left = n - raw["removed"] - purged.removed
+    assert not purged.finished or left == 0, left
+    after = table_counts(db)
+    assert after["final"] == left and after["seeded_running"] == n // 10, after
+    assert after["seeded_markers"] == n // 10 * RUNNING_MARKERS + left, after
+    assert after["seeded_trace"] == (n // 10 + left) * TRACE_STEPS and not after["orphans"], after
+    db.unlink()
+
+
+def bench_concurrent(
+    report: Report, tmp: Path, seeded: Path, n: int, baseline: float, cap: float
+) -> None:
+    print(
+        f"a concurrent writer (another process, a commit every {WRITER_INTERVAL * 1e3:.0f} ms):"
+        f" {baseline:.0f} s without gc, then during gc limit=1000 (at most {cap:.0f} s)",
+        flush=True,
+    )
+    db = tmp / "gc-writer.db"
+    shutil.copyfile(seeded, db)
+    with writer(db) as stop:
+        b0 = time.monotonic()
+        time.sleep(baseline)
+        b1 = time.monotonic()
+        store = LibsqlStore(db)
+        timed = Timed(store)
+        before = store.clock() - HORIZON
+        g0 = time.monotonic()
+        purged = drain(timed, lambda: store.purge_finished(before, limit=1000), deadline=g0 + cap)
+        g1 = time.monotonic()
+        out = stop()
+        store.close()
+    samples = out["samples"]
+    without, during = window(samples, b0, b1), window(samples, g0, g1)
+    p99_without, p99_during = quantile(without, 0.99), quantile(during, 0.99)
+    report.add(
+        "writer p99 commit during gc / without",
+        "p99 commit latency of a writer in another process, during a gc pass / without gc",
+        p99_during / p99_without,
+        "<= 3",
+        "ratio",
+        p99_without_ms=round(p99_without * 1e3, 3),
+        p99_during_ms=round(p99_during * 1e3, 3),
+        median_without_ms=round(quantile(without, 0.5) * 1e3, 3),
+        median_during_ms=round(quantile(during, 0.5) * 1e3, 3),
+        max_without_ms=round(max(without) * 1e3, 3),
+        max_during_ms=round(max(during) * 1e3, 3),
+        commits_without=len(without),
+        commits_during=len(during),
+        seconds_without=round(b1 - b0, 2),
+        seconds_during=round(g1 - g0, 2),
+        store_busy=out["busy"],
+    )
+    report.add("writer p99 commit ms without gc", "the baseline", p99_without * 1e3, unit="ms")
+    report.add("writer p99 commit ms during gc", "during the gc pass", p99_during * 1e3, unit="ms")
+    report.add(
+        "writer max commit ms during gc", "the writer's longest commit during gc",
+        max(during) * 1e3, unit="ms",
+    )  # fmt: skip
+    report.add(
+        "purge_finished limit=1000 with writer executions/s",
+        "executions removed per second with the writer committing (info)",
+        purged.rate,
+        unit="exec/s",
+        removed=purged.removed,
+        seconds=round(purged.seconds, 3),
+        drained=purged.finished,
+        longest_call_ms=round(max(purged.calls) * 1e3, 3),
+        longest_tx_ms=round(max(purged.transactions) * 1e3, 3),
+        p99_call_ms=round(quantile(purged.calls, 0.99) * 1e3, 3),
+        time_by_statement=purged.shares,
+    )
+    after = table_counts(db)
+    assert after["seeded_running"] == n // 10 and after["running"] == n // 10 + POOL, after
+    left = n - purged.removed
+    assert after["final"] == left and (left == 0) == purged.finished, (after, purged.finished)
+    assert after["seeded_markers"] == n // 10 * RUNNING_MARKERS + left, after
+    assert after["seeded_trace"] == (n // 10 + left) * TRACE_STEPS and not after["orphans"], after
+    db.unlink()
+
+
+# --- WAL pages per typical commit, before / after the marker time (0007) ---
+
+# The previous head, 0006, as the migration chain builds it.
+PREVIOUS_HEAD = tuple(
+    f"migrations/{name}.up.sql"
+    for name in (
+        "0001_initial",
+        "0002_hot_read_indexes",
+        "0003_without_rowid",
+        "0004_claims",
+        "0005_times",
+        "0006_dead_letters",
+    )
+)
+OLD_MARK = "INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?)"
+MARKER_SHAPES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, Callable[..., Any]], ...]]] = {
+    "before": (PREVIOUS_HEAD, ((OLD_MARK, lambda params: params),)),
+    "after": (
+        ("schema.sql",),
+        tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "note_marker")),
+    ),
+}
+
+
+def marker_commits(conn: Any, shape: str) -> Callable[[bool], float]:
+    """WAL_COMMITS typical commits per call (the statements of queries.sql, as
+    benchmarks.run.floor_commits issues them) on a fresh schema of ``shape``, with the
+    marker statements of that shape or (False) with no marker."""
+    scripts, marks = MARKER_SHAPES[shape]
+    for script in scripts:
+        for stmt in split_statements((SQL_DIR / script).read_text(encoding="utf-8")):
+            conn.execute(stmt, ())
+    conn.commit()
+    sql = {name: query.sql for name, query in QUERIES.items()}
+    bind = {name: query.bind for name, query in QUERIES.items()}
+    exes = executions()
+    versions = [1] * POOL
+    payloads = [exe.model_dump_json() for exe in exes]
+    summary = ("running", None, "main.wait", None, None)
+    conn.execute(sql["begin"], ())
+    for i, exe in enumerate(exes):
+        params = (exe.id, "order", payloads[i], 1, *summary)
+        conn.execute(sql["insert_execution"], bind["insert_execution"](params))
+    conn.commit()
+    step = json.dumps(STEP, separators=(",", ":"))
+    update = "update_execution_data"
+
+    def run(marker: bool) -> float:
+        n = WAL_COMMITS
+        ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
+        events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
+        fire = fire_times(n)
+        t0 = time.perf_counter()
+        for i in range(n):
+            k = i % POOL
+            eid = exes[k].id
+            conn.execute(sql["begin"], ())
+            v = versions[k]
+            cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
+            assert cur.rowcount == 1
+            versions[k] = v + 1
+            conn.execute(
+                sql["insert_outbox"], bind["insert_outbox"]((eid, eid, events[i]))
+            ).fetchone()
+            if marker:
+                for statement, bound in marks:
+                    conn.execute(statement, bound((eid, ids[i])))
+            conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
+            (idx,) = conn.execute(sql["append_trace"], bind["append_trace"]((eid, step))).fetchone()
+            if idx >= DEFAULT_TRACE_MAX:
+                conn.execute(sql["trim_trace"], bind["trim_trace"]((eid, DEFAULT_TRACE_MAX)))
+            conn.commit()
+        return (time.perf_counter() - t0) / n
+
+    return run
+
+
+def bench_wal_markers(report: Report, tmp: Path) -> None:
+    print(f"WAL pages per typical commit ({WAL_COMMITS} commits), before / after 0007", flush=True)
+    pages: dict[tuple[str, bool], tuple[float, int, dict[int, int]]] = {}
+    for first in (False, True):
+        for shape in MARKER_SHAPES:
+            db = tmp / f"wal-{shape}{'-first' if first else ''}.db"
+            conn = bare_connection("sqlite", str(db), "NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            run = marker_commits(conn, shape)
+            # Warm-up: each execution measured next has its timer and trace, and (unless its
+            # first marker is measured) its markers and markers_since.
+            run(not first)
+            pages[shape, first] = wal_pages(db, lambda run=run: run(True))  # type: ignore[misc]
+            conn.close()
+            kinds = table_kinds(db)
+            assert kinds["harel_processed_events"], (shape, kinds)  # WITHOUT ROWID in both
+            probe = sqlite3.connect(db)
+            columns = {row[1] for row in probe.execute("PRAGMA table_info(harel_executions)")}
+            probe.close()
+            assert ("markers_since" in columns) == (shape == "after"), (shape, columns)
+    figure = "WAL frames appended per commit, bare sqlite3 NORMAL (a page count): "
+    what = {
+        "before": "0001..0006, the old marker insert",
+        "after": "schema.sql, mark_processed + note_marker",
+    }
+    for first, label in ((False, "typical"), (True, "first marker")):
+        for shape in MARKER_SHAPES:
+            per, frames, sizes = pages[shape, first]
+            report.add(
+                f"wal pages/commit {label} {shape}",
+                figure + what[shape] + ("; the execution's first marker" if first else ""),
+                per,
+                unit="pages",
+                frames=frames,
+                commits=WAL_COMMITS,
+                commits_by_pages=sizes,
+            )
+        report.add(
+            f"wal pages/commit {label} after - before",
+            f"WAL pages per commit ({label}): after 0007 minus before",
+            pages["after", first][0] - pages["before", first][0],
+            "<= +0.2" if not first else "",
+            "pages",
+        )
+
+
+# --- main ---
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="50k executions (well under 1 min)")
+    parser.add_argument("--size", type=int, help="finished executions (overrides the mode's)")
+    parser.add_argument("--writer", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.writer:
+        writer_main(Path(args.writer[0]), float(args.writer[1]))
+        return
+    n = args.size or (50_000 if args.quick else 1_000_000)
+    n -= n % 10
+    # Seconds: the writer's baseline, then the most a capped drain runs (the limit=250 one,
+    # the writer's gc pass, the ids-in-update-order one); the limit=1000 drain is never capped.
+    baseline, cap = (4.0, 8.0) if args.quick else (15.0, 45.0)
+    report = Report()
+    started = time.time()
+    tmp = Path(tempfile.mkdtemp(prefix="harel-retention-"))
+    seeded_in: dict[str, float] = {}
+    try:
+        bench_wal_markers(report, tmp)
+        seeded = {order: tmp / f"seeded-{order}.db" for order in ("scattered", "ordered")}
+        for order, path in seeded.items():
+            seeded_in[order] = took = seed(path, n, SCATTERED if order == "scattered" else ORDERED)
+            counts = table_counts(path)
+            print(
+                f"seeded {n:,} finished + {n // 10:,} running executions, {order},"
+                f" in {took:.1f}s: {file_mb(path):.0f} MB, {counts}",
+                flush=True,
+            )
+            assert counts["final"] == n and counts["running"] == n // 10, counts
+            assert counts["trace"] == (n + n // 10) * TRACE_STEPS, counts
+            assert counts["markers"] == n + n // 10 * RUNNING_MARKERS, counts
+            assert counts["timers"] == n + n // 10 and not counts["orphans"], counts
+        bench_gc(report, tmp, seeded["scattered"], n)
+        bench_drain(report, tmp, seeded["scattered"], n, 250, cap, "", ">= 20000")
+        bench_concurrent(report, tmp, seeded["scattered"], n, baseline, min(cap, 30.0))
+        bench_drain(report, tmp, seeded["ordered"], n, 1000, cap, " ids in update order", "")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"retention-{stamp}.json"
+    meta = {
+        "mode": "quick" if args.quick else "full",
+        "finished_executions": n,
+        "running_executions": n // 10,
+        "seed_seconds": {k: round(v, 1) for k, v in seeded_in.items()},
+        "writer_interval_s": WRITER_INTERVAL,
+        "caps_s": {"writer_baseline": baseline, "capped_drains": cap},
+        "seconds": round(time.time() - started, 1),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    out.write_text(json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n")
+    print()
+    print(f"{'figure':<66} {'value':>12} {'unit':<8} {'target':<9} met")
+    for key, _, value, unit, target in report.rows:
+        ok = met(value, target)
+        mark = "" if ok is None else "yes" if ok else "NO"
+        print(f"{key:<66} {value:>12.3f} {unit:<8} {target:<9} {mark}")
+    print(f"\n{meta['mode']} run ({n:,} finished executions), {meta['seconds']}s; JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
