@@ -243,7 +243,17 @@ def seed(path: Path, finished: int, order: str = SCATTERED) -> float:
     conn.execute("COMMIT")
     conn.execute("PRAGMA journal_mode = WAL").fetchall()
     conn.close()
+    with path.open("rb+") as f:  # written with synchronous OFF: out before any measurement
+        os.fsync(f.fileno())
     return time.perf_counter() - t0
+
+
+def copy(source: Path, target: Path) -> None:
+    """A copy of a checkpointed file, synced: the measurement's first fsync must not write
+    out gigabytes of the copy's dirty pages."""
+    shutil.copyfile(source, target)
+    with target.open("rb+") as f:
+        os.fsync(f.fileno())
 
 
 def table_counts(path: Path) -> dict[str, int]:
@@ -521,7 +531,7 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     running = n // 10
     print(f"gc, limit=1000: {n:,} finished roots, {running:,} running", flush=True)
     db = tmp / "gc-1000.db"
-    shutil.copyfile(seeded, db)
+    copy(seeded, db)
     before_mb = file_mb(db)
     store = LibsqlStore(db)
     timed = Timed(store)
@@ -639,7 +649,7 @@ def bench_drain(
     through LibsqlStore, or until ``cap`` seconds have passed."""
     print(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)", flush=True)
     db = tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"
-    shutil.copyfile(seeded, db)
+    copy(seeded, db)
     raw = raw_batches(db, PROFILE_BATCHES)
     report.add(
         f"raw batch{tag}: WAL pages per purged execution",
@@ -680,7 +690,7 @@ def bench_concurrent(
         flush=True,
     )
     db = tmp / "gc-writer.db"
-    shutil.copyfile(seeded, db)
+    copy(seeded, db)
     with writer(db) as stop:
         b0 = time.monotonic()
         time.sleep(baseline)
