@@ -138,11 +138,14 @@ def _purge_companions(batch: Batch, ids: list[str]) -> None:
 
 
 def _purge_batch(members: list[tuple[str, int]]) -> Batch:
-    """The executions (id, version) deleted all together under their version CAS, or none
-    (`Conflicted`), with everything they own."""
+    """The executions (id, version), whole trees, deleted all together under their version
+    CAS, or none (`Conflicted`), with everything they own; also none when one of them has
+    gained a child since they were read (it would be left without its parent)."""
+    ids = [execution_id for execution_id, _ in members]
     batch = Batch()
     batch.guard("purge_executions", json.dumps(members), rows=len(members))
-    _purge_companions(batch, [execution_id for execution_id, _ in members])
+    batch.guard("purge_children_left", json.dumps(ids), rows=0)
+    _purge_companions(batch, ids)
     return batch
 
 

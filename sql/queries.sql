@@ -663,6 +663,14 @@ DELETE FROM harel_executions
 WHERE (id, version) IN (
     SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1));
 
+-- name: purge_children_left!
+-- The purge of whole trees guards this with rows=0: the children of ?1 (a JSON array of ids)
+-- left once its members are gone, made by another writer after the tree was read. There
+-- must be none; one found makes the batch roll back (so this deletes nothing that stays),
+-- and the tree is read again.
+DELETE FROM harel_executions
+WHERE parent_id IN (SELECT value FROM json_each(?1));
+
 -- What an execution owns, deleted in the purge's batch once its row is gone: after a purge
 -- CAS that missed because the execution moved on, these delete nothing (no step of a
 -- remote batch can branch on the one before); where no row existed at all they clear the
