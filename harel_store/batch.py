@@ -95,10 +95,15 @@ Request = Statement | Batch
 Plan = Generator[Request, Any, T]
 
 
-def shape(kind: str, rows: list[tuple[Any, ...]], changed: int) -> Any:
-    """A statement's result as its query's kind says (see the header of queries.sql)."""
+def shape(query: Query, rows: list[tuple[Any, ...]], changed: int) -> Any:
+    """A statement's result as its query's kind says (see the header of queries.sql), its
+    rows checked against the row the query declares: a row that does not fit raises
+    RowError naming the query, the column and the row's key."""
+    kind = query.kind
     if kind == "!":
         return changed
+    if query.row:
+        rows = query.check(rows)
     if kind == "^":
         return rows[0] if rows else None
     if kind == "$":

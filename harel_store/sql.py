@@ -30,6 +30,34 @@ _NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^!]?)\s*$", re.MULTILINE)
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
+_ROW = re.compile(r"^\s*-- row: (?P<cols>.*)$", re.MULTILINE)
+_COLUMN = re.compile(r"^(?P<name>\w+) (?P<type>int|real|text|any)(?P<null>\??)$")
+
+# What each declared column type accepts from a driver (a REAL value may come back as an
+# int from an expression: it is made a float).
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "real": (float, int),
+    "text": (str,),
+}
+_NAMES = {"int": "an integer", "real": "a number", "text": "a text"}
+
+
+class RowError(ValueError):
+    """A row of a reply that does not fit its query's declared row (see `Query.check`): a
+    remote connection takes it for a garbled reply (`OutcomeUnknown` for a write), a local
+    one makes it a StoreError."""
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _kind_of(value: Any) -> str:
+    return {int: "integer", float: "real", str: "text", bytes: "blob"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
 
 
 @dataclass(frozen=True)
@@ -38,6 +66,9 @@ class Query:
     kind: str  # "" rows, "^" one row, "$" one value, "!" rowcount
     sql: str  # with plain `?` placeholders only
     order: tuple[int, ...] = ()  # for a block written with `?N`: the argument each `?` takes
+    # The row it returns, declared by a `-- row: id text, fire_at real, at real?` line
+    # (`?`: may be NULL; `any`: not checked); () when undeclared.
+    row: tuple[tuple[str, str, bool], ...] = ()
 
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None = field(
         default=None, init=False, repr=False, compare=False
@@ -53,9 +84,57 @@ class Query:
             pick = itemgetter(*self.order)
         object.__setattr__(self, "pick", pick)
 
+    def check(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """``rows`` as declared, a REAL column's ints made floats; RowError when one does
+        not fit (its width, or a cell's type), naming the column and the row's key."""
+        row = self.row
+        if not row:
+            return rows
+        width = len(row)
+        out = rows
+        for index, values in enumerate(rows):
+            key = f"; row {_cut(values[0])}" if values else ""
+            if len(values) != width:
+                raise RowError(
+                    f"the database returned a row of {self.name} that does not fit "
+                    f"({len(values)} columns, not {width}{key})"
+                )
+            fixed = None
+            for i, (name, kind, null) in enumerate(row):
+                value = values[i]
+                if kind == "any" or (value is None and null):
+                    continue
+                accepts = _ACCEPTS[kind]
+                if type(value) not in accepts:
+                    raise RowError(
+                        f"the database returned a row of {self.name} that does not fit "
+                        f"({name}: {_kind_of(value)} {_cut(value)}, not {_NAMES[kind]}{key})"
+                    )
+                if kind == "real" and type(value) is int:
+                    fixed = fixed or list(values)
+                    fixed[i] = float(value)
+            if fixed is not None:
+                if out is rows:
+                    out = list(rows)
+                out[index] = tuple(fixed)
+        return out
+
     def bind(self, params: Sequence[Any]) -> Sequence[Any]:
         """The parameters for ``sql``, given those of the block as written in queries.sql."""
         return params if self.pick is None else self.pick(params)
+
+
+def _row(name: str, body: str) -> tuple[tuple[str, str, bool], ...]:
+    match = _ROW.search(body)
+    if match is None:
+        return ()
+    columns = []
+    for column in match["cols"].split(","):
+        declared = _COLUMN.match(column.strip())
+        if declared is None:
+            raise ValueError(f"queries.sql: block {name!r} declares a row column {column!r}")
+        columns.append((declared["name"], declared["type"], bool(declared["null"])))
+    return tuple(columns)
 
 
 def parse_queries(text: str) -> dict[str, Query]:
@@ -75,7 +154,7 @@ def parse_queries(text: str) -> dict[str, Query]:
         order = tuple(int(n) - 1 for n in _NUMBERED.findall(sql))
         if order and "?" in _NUMBERED.sub("", sql):
             raise ValueError(f"queries.sql: block {name!r} mixes `?` and `?N`")
-        queries[name] = Query(name, head["kind"], _NUMBERED.sub("?", sql), order)
+        queries[name] = Query(name, head["kind"], _NUMBERED.sub("?", sql), order, _row(name, body))
     return queries
 
 

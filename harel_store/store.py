@@ -1199,7 +1199,7 @@ class Store:
     def _timers_view(*, due_before: float | None = None, limit: int = 50) -> Plan[list[ArmedTimer]]:
         end = ABOVE_ALL if due_before is None else check_finite(due_before, "due_before")
         rows = yield statement("timers_view", end, _page(limit))
-        return [ArmedTimer(eid, path, float(at), *rest) for eid, path, at, *rest in rows]
+        return [ArmedTimer(*row) for row in rows]
 
     def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
         """Purge an execution and all its descendants in one transaction; return their ids.

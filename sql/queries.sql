@@ -120,6 +120,7 @@ SELECT (SELECT data FROM harel_executions WHERE id = ?1),
 SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
 
 -- name: insert_outbox$
+-- row: seq int
 -- created_at is epoch seconds from SQLite's clock, so every writer's entries share one clock;
 -- source_id is the execution whose commit emits the entry.
 INSERT INTO harel_outbox (target_id, source_id, event, created_at)
@@ -149,6 +150,7 @@ SET fire_at = excluded.fire_at, claimed_by = NULL, claimed_until = NULL, attempt
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
 
 -- name: append_trace$
+-- row: idx int
 -- The next index is computed inline (first step is 0; the MAX is one primary-key seek) and
 -- survives the ring trim; it comes back so a local batch runs the trim only once the ring
 -- is full.
@@ -558,6 +560,7 @@ WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
 -- (a new fire_at, claim dropped) is spared. Floats are bound, never read from JSON text.
 
 -- name: due_timers
+-- row: execution_id text, path text, fire_at real
 SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL
 ORDER BY fire_at, execution_id, path LIMIT ?2;
 
@@ -938,6 +941,7 @@ FROM harel_spawns WHERE parent_id = ? AND seq > 0 ORDER BY seq LIMIT ?;
 
 -- name: timers_view
 -- Live timers with fire_at < ?1, soonest first (ties as due_timers), ?2 rows.
+-- row: execution_id text, path text, fire_at real, claimed_by text?, claimed_until real?, attempts int, last_error text?
 SELECT execution_id, path, fire_at, claimed_by, claimed_until, attempts, last_error
 FROM harel_timers WHERE fire_at < ?1 AND dead_at IS NULL
 ORDER BY fire_at, execution_id, path LIMIT ?2;

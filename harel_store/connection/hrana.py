@@ -99,7 +99,7 @@ def _column(value: dict[str, Any]) -> Any:
 
 def _result(statement: Statement, result: dict[str, Any]) -> Any:
     rows = [tuple(_column(v) for v in row) for row in result["rows"]]
-    return shape(statement[0].kind, rows, result["affected_row_count"])
+    return shape(statement[0], rows, result["affected_row_count"])
 
 
 def _ok(step: int) -> dict[str, Any]:

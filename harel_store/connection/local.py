@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 from harel_store.batch import Batch, Conflicted, Request, shape, statement
 from harel_store.checks import check_finite
 from harel_store.errors import StoreError, is_driver_error, translate
-from harel_store.sql import Query
+from harel_store.sql import Query, RowError
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 _BEGIN, _COMMIT = statement("begin"), statement("commit")
@@ -65,6 +65,8 @@ class LocalConnection:
                 return self._result(request[0], self._execute(*request))
             except (StoreError, Conflicted):
                 raise
+            except RowError as exc:
+                raise StoreError(str(exc)) from None
             except BaseException as exc:
                 if not is_driver_error(exc):
                     raise  # KeyboardInterrupt and the like
@@ -77,7 +79,7 @@ class LocalConnection:
     def _result(query: Query, cur: Cursor) -> Any:
         if query.kind == "!":
             return cur.rowcount
-        return shape(query.kind, cur.fetchall(), 0)
+        return shape(query, cur.fetchall(), 0)
 
     def _batch(self, batch: Batch) -> list[Any]:
         self._execute(*_BEGIN)
