@@ -221,15 +221,17 @@ SELECT e.id, seq.n, ? FROM harel_executions AS e, seq
 """
 
 
-def fill_trace_rings(database: Path) -> None:
+def fill_trace_rings(conn: Any) -> None:
     """Every execution's trace ring full, before its first step: each commit then trims one.
-    Another connection, so the same for any driver and for the store."""
-    conn = sqlite3.connect(database, isolation_level=None)
-    conn.execute("PRAGMA wal_autocheckpoint = 0")  # bench_wal's WAL must not restart
-    conn.execute("BEGIN IMMEDIATE")
+    Through ``conn``, the connection (bare, or the store's) already open on the file: a
+    connection of another SQLite library would delete its WAL when it closed. No automatic
+    checkpoint meanwhile (bench_wal's WAL must not restart)."""
+    ((every,),) = conn.execute("PRAGMA wal_autocheckpoint", ()).fetchall()
+    conn.execute("PRAGMA wal_autocheckpoint = 0", ())
+    conn.execute("BEGIN IMMEDIATE", ())
     conn.execute(FILL_TRACE, (DEFAULT_TRACE_MAX, json.dumps(STEP, separators=(",", ":"))))
-    conn.execute("COMMIT")
-    conn.close()
+    conn.commit()
+    conn.execute(f"PRAGMA wal_autocheckpoint = {every}", ())
 
 
 def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
@@ -334,14 +336,15 @@ def bench_wal(report: Report, tmp: Path) -> None:
             close: Callable[[], None]
             if who == "store":
                 store = SqliteStore(db, synchronous="NORMAL")
-                store._conn.db.execute("PRAGMA wal_autocheckpoint = 0")  # type: ignore[attr-defined]
+                conn = store._conn.db  # type: ignore[attr-defined]
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
                 run, close = store_commits(store, WAL_COMMITS, trace=True), store.close
             else:
                 conn = bare_connection("sqlite", str(db), "NORMAL")
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
                 run, close = floor_commits(conn, WAL_COMMITS, trace=True, shape=who), conn.close
             if ring_full:
-                fill_trace_rings(db)
+                fill_trace_rings(conn)
             run()  # warm up: each execution measured next has its marker, timer and trace
             pages[who] = wal_pages(db, run)
             close()
@@ -392,7 +395,7 @@ def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
                     conns[shape] = bare_connection(driver, str(db), sync)
                     runs[shape] = floor_commits(conns[shape], m, trace=True, shape=shape)
                     if ring_full:
-                        fill_trace_rings(db)
+                        fill_trace_rings(conns[shape])
                     runs[shape]()  # warm up
                 times: dict[str, list[float]] = {shape: [] for shape in SHAPES}
                 for r in range(rounds):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
 from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
-from sqlalchemy import create_engine, event, pool
+from sqlalchemy import Engine, create_engine, event, pool
+from sqlalchemy.dialects import registry
+from sqlalchemy_libsql.libsql import SQLiteDialect_libsql
 
+from harel_store.connection.local import FileHold, hold_file, holder, import_libsql
 from harel_store.connection.url import (
     DEFAULT_DATABASE,
     alembic_url,
@@ -49,11 +53,47 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+class StoreLibsql(SQLiteDialect_libsql):
+    """sqlalchemy-libsql's dialect over the store's own libsql, not libsql-experimental."""
+
+    supports_statement_cache = True
+
+    @classmethod
+    def import_dbapi(cls) -> Any:
+        return import_libsql()
+
+    def on_connect(self) -> None:  # SQLAlchemy's regexp() and floor(): libsql has no
+        return None  # create_function, and no migration calls them
+
+
+registry.impls["sqlite.harel_libsql"] = lambda: StoreLibsql
+
+
+def local_engine(path: str) -> tuple[Engine, FileHold]:
+    """A local file through the SQLite library this process already has it open with (a
+    store's): libsql unless it is the stdlib's sqlite3. Another library's connection would
+    delete the store's WAL when it closed (see `hold_file`), and sqlalchemy-libsql's own
+    driver, libsql-experimental, is a third copy of SQLite. The file is held for that library
+    until the upgrade is over."""
+    library = holder(path) or "libsql"
+    hold = hold_file(path, library)
+    if library == "sqlite":
+        # isolation_level=None: no BEGIN of the driver's own; _begin below issues ours.
+        connect = lambda: sqlite3.connect(path, isolation_level=None)  # noqa: E731
+        return create_engine("sqlite://", creator=connect, poolclass=pool.NullPool), hold
+    connect = lambda: import_libsql().connect(path)  # noqa: E731
+    return create_engine("sqlite+harel_libsql://", creator=connect, poolclass=pool.NullPool), hold
+
+
 def run_migrations_online() -> None:
     token = database.auth_token  # sqlalchemy-libsql 0.2.0 would not send one in the URL
-    engine = create_engine(
-        url, poolclass=pool.NullPool, connect_args={"auth_token": token} if token else {}
-    )
+    hold = None
+    if database.local is not None and database.local != ":memory:":
+        engine, hold = local_engine(database.local)
+    else:
+        engine = create_engine(
+            url, poolclass=pool.NullPool, connect_args={"auth_token": token} if token else {}
+        )
 
     # The libsql driver never opens a transaction before DDL, so a failed migration would
     # leave its first tables behind; open one ourselves (SQLAlchemy's pysqlite recipe).
@@ -72,11 +112,15 @@ def run_migrations_online() -> None:
     def _begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    with engine.connect() as connection:
-        context.configure(connection=connection, **options)
-        with context.begin_transaction():
-            context.run_migrations()
-    engine.dispose()
+    try:
+        with engine.connect() as connection:
+            context.configure(connection=connection, **options)
+            with context.begin_transaction():
+                context.run_migrations()
+        engine.dispose()
+    finally:
+        if hold is not None:
+            hold.release()
 
 
 if context.is_offline_mode():

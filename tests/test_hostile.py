@@ -20,9 +20,11 @@ from harel_store import (
     DefinitionRecord,
     Event,
     Execution,
+    LibsqlStore,
     StoreError,
     TimerOp,
 )
+from harel_store.connection.local import import_libsql
 from harel_store.store import Store
 from tests.workers.common import open_store
 
@@ -310,12 +312,24 @@ BAD: list[tuple[str, Callable[[Store], Any], type[Exception]]] = [
 ]
 
 
-def dump(db: Path) -> list[str]:
-    raw = sqlite3.connect(db)
+def dump(store: Store, db: Path) -> list[str]:
+    """The file's schema and rows, read through the store's own SQLite library: a sqlite3
+    connection closing beside a LibsqlStore would delete its WAL, and the store's later
+    writes would go where no other connection looks (see tests/test_two_libraries.py)."""
+    connect = import_libsql().connect if isinstance(store, LibsqlStore) else sqlite3.connect
+    raw = connect(str(db))
     try:
-        return list(raw.iterdump())
+        out = [repr(row) for row in raw.execute(SCHEMA).fetchall()]
+        for (table,) in raw.execute(TABLES).fetchall():
+            rows = raw.execute(f'SELECT * FROM "{table}"').fetchall()
+            out += sorted(repr(tuple(row)) for row in rows)
+        return out
     finally:
         raw.close()
+
+
+SCHEMA = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
 
 
 @pytest.fixture(params=DRIVERS)
@@ -345,12 +359,12 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(
     seeded: tuple[Store, Path], label: str, call: Callable[[Store], Any], error: type[Exception]
 ) -> None:
     store, db = seeded
-    before = dump(db)
+    before = dump(store, db)
     with pytest.raises(error) as info:
         call(store)
     assert not isinstance(info.value, StoreError), "bad input is the caller's error"
     assert str(info.value), "the error must say what is wrong"
-    assert dump(db) == before
+    assert dump(store, db) == before
     assert store.load("victim").version == 1  # type: ignore[union-attr]  # still usable
     assert store.trace_max == 200
 

@@ -11,6 +11,7 @@ import os
 import sqlite3
 import sys
 import threading
+import weakref
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -46,9 +47,12 @@ class DBAPI(Protocol):
 class LocalConnection:
     """Requests run on one DB-API connection, one at a time."""
 
-    def __init__(self, db: DBAPI, where: str) -> None:
+    def __init__(self, db: DBAPI, where: str, hold: FileHold | None = None) -> None:
         self.db = db
         self.where = where
+        # This file's claim for its SQLite library (`hold_file`), given up when it closes or,
+        # for a store never closed, when it is collected (its driver connection with it).
+        self._release = weakref.finalize(self, hold.release) if hold is not None else None
         # What tells this database apart in the process (harel_store.wakeup): its file, or
         # this very connection for an in-memory one.
         self.key = f":memory:{id(self)}" if where == ":memory:" else os.path.realpath(where)
@@ -121,6 +125,8 @@ class LocalConnection:
                 # is a BaseException).
                 with suppress(BaseException):
                     self.db.close()
+                if self._release is not None:
+                    self._release()
 
 
 class LibsqlConnection(LocalConnection):
@@ -191,28 +197,122 @@ def _opened(db: DBAPI, database: str | Path, synchronous: str, busy_timeout: flo
     return db
 
 
+# --- one SQLite library a file in this process ---
+#
+# Each SQLite library (libsql's, the stdlib's sqlite3, libsql-experimental's under
+# sqlalchemy-libsql) is a copy of SQLite with its own list of the files it has open, and POSIX
+# locks are the process's, not the copy's: when a connection of one library closes and that
+# library has no other on the file, it takes itself for the file's last user, checkpoints and
+# deletes the -wal and -shm files from under the other library's connections, whose commits
+# then go to an unlinked WAL that no other process sees and a crash loses. So a file open in
+# this process through one library is refused to the others until every connection of that
+# library on it has closed. Files are told apart by (st_dev, st_ino), as SQLite does: a
+# symlink or another hard link to a file is that file.
+
+Library = Literal["libsql", "sqlite"]
+LIBRARIES: dict[str, str] = {
+    "libsql": "libsql (LibsqlStore, the harel-store CLI, Alembic's env)",
+    "sqlite": "the stdlib's sqlite3 (SqliteStore, an embedded replica's file)",
+}
+_held: dict[tuple[int, int], tuple[str, int]] = {}  # file -> (library, connections)
+_held_lock = threading.Lock()
+
+
+class FileHold:
+    """A connection's claim on a local file for its library; `release` gives it up (once)."""
+
+    def __init__(self, key: tuple[int, int] | None) -> None:
+        self._key = key
+
+    def release(self) -> None:
+        with _held_lock:
+            key, self._key = self._key, None
+            if key is not None:
+                library, count = _held[key]
+                if count > 1:
+                    _held[key] = (library, count - 1)
+                else:
+                    del _held[key]
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file's (st_dev, st_ino), created empty if missing (SQLite takes an empty file for
+    a new database), so that its identity is known before any library opens it; None when it
+    cannot be had: the driver then fails to open it too, and says why."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644))
+            info = os.stat(path)
+        except OSError:
+            return None
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return None
+    return info.st_dev, info.st_ino
+
+
+def holder(path: str | Path) -> str | None:
+    """The library ("libsql", "sqlite") this process has ``path`` open with, if any."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    with _held_lock:
+        held = _held.get((info.st_dev, info.st_ino))
+    return held[0] if held is not None else None
+
+
+def hold_file(path: str | Path, library: Library) -> FileHold:
+    """Claim the local file ``path`` for ``library`` before that library opens it (opening and
+    closing a connection is already what deletes another library's WAL). StoreError if a
+    connection of the other library in this process has it open; any number of one
+    library's stay allowed, and the file is free again once the last of them has closed."""
+    where = str(path)
+    if where in ("", ":memory:"):
+        return FileHold(None)
+    with _held_lock:
+        key = _identity(where)
+        if key is None:
+            return FileHold(None)
+        other, count = _held.get(key, (library, 0))
+        if other != library:
+            raise StoreError(
+                f"cannot open {where} with {LIBRARIES[library]}: this process has it open "
+                f"with {LIBRARIES[other]}. Two SQLite libraries on one file in one process "
+                "lose commits (closing one deletes the other's WAL): close the other first, "
+                "or open the file with one store class"
+            )
+        _held[key] = (library, count + 1)
+        return FileHold(key)
+
+
 def open_file(
     database: str | Path,
     *,
-    driver: Literal["libsql", "sqlite"],
+    driver: Library,
     synchronous: str,
     busy_timeout: float,
 ) -> LocalConnection:
     """A local database file (or ``:memory:``) with WAL, a busy timeout and ``synchronous``
-    (checked by the caller: `check_local_options`)."""
+    (checked by the caller: `check_local_options`). StoreError, before the file is opened,
+    if the other driver has it open in this process (`hold_file`)."""
+    hold = hold_file(database, driver)
     try:
         if driver == "libsql":
             db = import_libsql().connect(str(database), _check_same_thread=False)
             opened = _opened(db, database, synchronous, busy_timeout)
-            return LibsqlConnection(opened, str(database))
+            return LibsqlConnection(opened, str(database), hold)
         db = sqlite3.connect(
             str(database),
             isolation_level=None,
             check_same_thread=False,
             timeout=busy_timeout,
         )
-        return LocalConnection(_opened(db, database, synchronous, busy_timeout), str(database))
+        opened = _opened(db, database, synchronous, busy_timeout)
+        return LocalConnection(opened, str(database), hold)
     except BaseException as exc:
+        hold.release()
         if not is_driver_error(exc):
             raise
         error = translate(exc, quoted=str(database))
