@@ -8,6 +8,11 @@ the version CAS keeping commits to one execution correct). On a local file or an
 replica the libsql driver has no awaitable API (and holds the GIL through every call), so
 each call runs the sync store on a worker thread, one at a time.
 
+The store is tied to no event loop: it can be made under one loop and used under another
+(``asyncio.run`` twice), or under several at once in several threads. Its connections and
+its per-loop state (a remote store's group commit, the worker path's lock) are made for
+each loop as it comes, and a closed loop's are dropped without touching it.
+
 Either way a cancelled call settles first: a call under way (its request sent, or its write
 waiting for the request in flight) is waited for, each request bounded by ``timeout``, and
 its outcome applied to ``exe`` before the cancellation propagates; a call cancelled before
@@ -17,6 +22,7 @@ it started sends nothing.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,7 +66,10 @@ class AsyncLibsqlStore:
         self._s = store
         conn = store._conn
         self._remote = conn if isinstance(conn, HranaConnection) else None
-        self._lock = asyncio.Lock()  # the worker-thread path: one call at a time
+        # The worker-thread path: one call at a time from each event loop the store is used
+        # on (the sync store has its own lock for calls from several loops' threads).
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     @classmethod
     async def create(
@@ -129,10 +138,22 @@ class AsyncLibsqlStore:
         """As `LibsqlStore.database_key`."""
         return self._s.database_key
 
+    def _lock(self) -> asyncio.Lock:
+        """The running loop's lock (an asyncio.Lock serves one loop); a closed loop's is
+        dropped when the next loop's is made."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            with self._locks_lock:
+                for old in [old for old in self._locks if old.is_closed()]:
+                    del self._locks[old]
+                lock = self._locks.setdefault(loop, asyncio.Lock())
+        return lock
+
     async def _run(self, plan: Plan[T]) -> T:
         if self._remote is not None:
             return await adrive(self._remote.aexecute, plan)
-        async with self._lock:
+        async with self._lock():
             # run_in_executor rather than to_thread: a future, not a coroutine to wrap in a
             # task (~25 us less a call); the store's code reads no context variables.
             worker = asyncio.get_running_loop().run_in_executor(None, self._s._run, plan)
@@ -404,7 +425,7 @@ class AsyncLibsqlStore:
     async def sync(self) -> None:
         """Async version of `LibsqlStore.sync` (nothing to pull on a remote primary)."""
         if self._remote is None:
-            async with self._lock:
+            async with self._lock():
                 await asyncio.to_thread(self._s.sync)
 
     async def close(self) -> None:
@@ -412,5 +433,5 @@ class AsyncLibsqlStore:
         if self._remote is not None:
             await self._remote.aclose()
             return
-        async with self._lock:
+        async with self._lock():
             await asyncio.to_thread(self._s.close)

@@ -25,25 +25,27 @@ class Waiter:
     def __init__(self, key: str) -> None:
         self.key = key
         self._event = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._aevent: asyncio.Event | None = None
+        # The loop a task last awaited the signal on, and its event (one attribute, read
+        # by `set` from any thread): made again when a task awaits it on another loop.
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         with _lock:
             _waiters[key].add(self)
 
     def set(self) -> None:
         """Wake whoever waits (from any thread)."""
         self._event.set()
-        loop, aevent = self._loop, self._aevent
-        if loop is not None and aevent is not None and not loop.is_closed():
+        bound = self._async
+        if bound is not None and not bound[0].is_closed():
             # The loop may close meanwhile: then nobody waits there any more.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(aevent.set)
+                bound[0].call_soon_threadsafe(bound[1].set)
 
     def clear(self) -> None:
         """Forget a signal already seen (before looking for work, so none is missed)."""
         self._event.clear()
-        if self._aevent is not None:
-            self._aevent.clear()
+        bound = self._async
+        if bound is not None:
+            bound[1].clear()
 
     def wait(self, timeout: float) -> bool:
         """Block until the signal or ``timeout`` seconds; whether it came."""
@@ -51,12 +53,14 @@ class Waiter:
 
     async def await_signal(self, timeout: float) -> bool:
         """Async version of `wait`."""
-        if self._aevent is None:
-            self._loop, self._aevent = asyncio.get_running_loop(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        bound = self._async
+        if bound is None or bound[0] is not loop:
+            bound = self._async = (loop, asyncio.Event())
             if self._event.is_set():
-                self._aevent.set()
+                bound[1].set()
         try:
-            await asyncio.wait_for(self._aevent.wait(), timeout)
+            await asyncio.wait_for(bound[1].wait(), timeout)
         except asyncio.TimeoutError:
             return False
         return True

@@ -245,6 +245,19 @@ class _Pending:
         return self.result
 
 
+class _LoopWrites:
+    """The async writes of one event loop: those waiting, its sender task (while any
+    waits), and how many writes its next group waits for (as `HranaConnection._expect`)."""
+
+    __slots__ = ("awaiting", "expect", "loop", "sender")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.awaiting: collections.deque[_Pending] = collections.deque()
+        self.sender: asyncio.Task[None] | None = None
+        self.expect = 0
+
+
 def _take(waiting: collections.deque[_Pending]) -> list[_Pending]:
     """The next group: the oldest waiting writes, within `GROUP_MAX` and (past the first)
     `GROUP_BYTES`; a write whose async caller left before it was sent is dropped."""
@@ -315,18 +328,18 @@ class HranaConnection:
         except ValueError as exc:  # it names the header, never its value
             raise ValueError(f"cannot send to {where}: {exc}") from None
         self._origin = origin
-        self._aclient: http.AsyncClient | None = None
+        # Made now (it does no I/O): its connections belong to no event loop, so it serves
+        # every loop the store is used on, one after the other or at once.
+        self._aclient = http.AsyncClient(origin, **self._options)
         # Group commit: the writes waiting, and whether a write request is in flight (sync
-        # callers: threads under `_turn`; async callers: the sender task of the loop).
+        # callers: threads under `_turn`; async callers: the sender task of their loop).
         self._waiting: collections.deque[_Pending] = collections.deque()
         lock = threading.Lock()
         self._turn = threading.Condition(lock)  # notified when a group's answer is in
         self._arrived = threading.Condition(lock)  # notified when a write arrives
         self._flying = self._gathering = False
         self._expect = 0  # writes waiting, and answered, when the last group's answer came
-        self._awaiting: collections.deque[_Pending] = collections.deque()
-        self._sender: asyncio.Task[None] | None = None
-        self._aexpect = 0  # as _expect, for the sender task
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopWrites] = {}  # under `_turn`
         self._closed = False
 
     def _check_open(self) -> None:
@@ -402,72 +415,89 @@ class HranaConnection:
                 return
             time.sleep(pause)
 
-    # --- async: tasks of one event loop ---
+    # --- async: tasks of any event loop ---
 
     async def aexecute(self, request: Request) -> Any:
-        """Async version of `execute`, on an `http.AsyncClient` (made on first use); a
-        sender task of the store sends the waiting writes."""
+        """Async version of `execute`, on the `http.AsyncClient`; a sender task of the
+        caller's loop sends the writes waiting there."""
         self._check_open()
-        if self._aclient is None:
-            self._aclient = http.AsyncClient(self._origin, **self._options)
         wire = _Wire(request)
         if not wire.write:
             mine = _Pending(wire)
-            await self._asend([mine])
+            await self._asend([mine], None)
             return mine.outcome()
-        mine = _Pending(wire, asyncio.get_running_loop().create_future())
-        self._awaiting.append(mine)
-        if self._sender is None:
-            self._sender = asyncio.create_task(self._asender())
+        writes = self._writes()
+        mine = _Pending(wire, writes.loop.create_future())
+        writes.awaiting.append(mine)
+        if writes.sender is None:
+            writes.sender = asyncio.create_task(self._asender(writes))
         return await mine.future  # type: ignore[misc]
 
-    async def _asender(self) -> None:
-        """Send the waiting writes, a group per request, until none waits."""
+    def _writes(self) -> _LoopWrites:
+        """The group-commit state of the running loop, made on its first write. The store
+        may be used on one loop after another (``asyncio.run`` twice) or on several at once
+        (in threads): each loop's tasks wait for their own loop's request in flight, as the
+        writers of two processes would. A closed loop's state is dropped: it has no task
+        left to answer."""
+        loop = asyncio.get_running_loop()
+        writes = self._loops.get(loop)
+        if writes is None:
+            with self._turn:
+                for old in [old for old in self._loops if old.is_closed()]:
+                    del self._loops[old]
+                writes = self._loops.setdefault(loop, _LoopWrites(loop))
+        return writes
+
+    async def _asender(self, writes: _LoopWrites) -> None:
+        """Send the waiting writes of this loop, a group per request, until none waits."""
+        awaiting = writes.awaiting
         try:
-            while self._awaiting:
+            while awaiting:
                 # Let the writes of the last group, just answered, queue again first (see
                 # GROUP_WAIT): a few turns of the loop, no timed wait.
                 for _ in range(_GROUP_TURNS):
-                    if len(self._awaiting) >= self._aexpect:
+                    if len(awaiting) >= writes.expect:
                         break
                     await asyncio.sleep(0)
-                group = _take(self._awaiting)
+                group = _take(awaiting)
                 if not group:
                     continue
                 try:
-                    self._aexpect = min(await self._asend(group) + len(group), GROUP_MAX)
+                    writes.expect = min(await self._asend(group, awaiting) + len(group), GROUP_MAX)
                 finally:
                     self._abandon(group)
                     for pending in group:
                         pending.wake()
         finally:
-            self._sender = None
-            while self._awaiting:  # the sender itself was cancelled: these were never sent
-                pending = self._awaiting.popleft()
+            writes.sender = None
+            while awaiting:  # the sender itself was cancelled: these were never sent
+                pending = awaiting.popleft()
                 pending.settle(
                     None, StoreError(f"the write to {self.where} was not sent: the store closed")
                 )
                 pending.wake()
 
-    async def _asend(self, group: list[_Pending]) -> int:
+    async def _asend(
+        self, group: list[_Pending], awaiting: collections.deque[_Pending] | None
+    ) -> int:
         """Async version of `_send`; it wakes each caller as its outcome is known, a few
         in a turn of the loop (the next steps of 32 callers run in one turn would stall the
-        loop for milliseconds). Returns how many writes waited when the last answer came."""
-        assert self._aclient is not None
+        loop for milliseconds). Returns how many writes (of ``awaiting``, the sender's
+        queue) waited when the last answer came."""
         started = time.monotonic()
         for tries in itertools.count():
             if self._closed:
                 self._refuse_closed(group)
                 for pending in group:
                     pending.wake()
-                return len(self._awaiting)
+                return len(awaiting or ())
             try:
                 answer: http.Response | http.HTTPFailure = await self._aclient.post(
                     self._endpoint, _body(group)
                 )
             except http.HTTPFailure as exc:
                 answer = exc
-            waiting = len(self._awaiting)
+            waiting = len(awaiting or ())
             settle = self._settle(group, answer, started, tries)
             for n in itertools.count(1):
                 try:
@@ -617,17 +647,21 @@ class HranaConnection:
 
     def close(self) -> None:
         self._closed = True
+        self._aclient.close()  # its idle connections too: that needs no event loop
         self._client.close()
 
     async def aclose(self) -> None:
+        """Close, from any loop: this loop's sender is cancelled (its writes not yet sent
+        fail: the store is closed); another loop's sender refuses its next group itself."""
         self._closed = True
-        sender = self._sender
+        with self._turn:
+            writes = self._loops.get(asyncio.get_running_loop())
+        sender = writes.sender if writes is not None else None
         if sender is not None and sender is not asyncio.current_task():
-            sender.cancel()  # its writes not yet sent fail: the store is closed
+            sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
-        if self._aclient is not None:
-            await self._aclient.aclose()
+        self._aclient.close()
         self._client.close()
 
 

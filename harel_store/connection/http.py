@@ -1,7 +1,8 @@
 """A minimal HTTP/1.1 client for one origin: ``POST`` only, keep-alive, and one deadline
 that bounds a whole request (connect, TLS handshake, send, the whole answer).
 
-`Client` is for threads, `AsyncClient` for asyncio; both share one sans-IO answer parser.
+`Client` is for threads, `AsyncClient` for asyncio (on any loop: its connections belong to
+none); both share one sans-IO answer parser.
 Neither retries: a kept-alive connection is only checked for EOF (or stray bytes) before it
 is used again, which catches the usual case of a server closing an idle connection.
 """
@@ -9,7 +10,6 @@ is used again, which catches the usual case of a server closing an idle connecti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import select
 import socket
 import ssl
@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from time import monotonic
-from typing import Generic, TypeVar, cast
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -292,7 +292,7 @@ class _Origin(Generic[_Conn]):
         self._tail = b"\r\n" + b"\r\n".join(lines) + b"\r\n\r\n"
         self._starts: dict[str, bytes] = {}
         self._idle: list[_Conn] = []
-        self._lock = threading.Lock()  # of the sync client's pool
+        self._lock = threading.Lock()  # of the pool (an async client's may serve threads)
         self._closed = False
 
     def _request(self, path: str, body: bytes) -> bytes:
@@ -391,83 +391,112 @@ class Client(_Origin[socket.socket]):
             raise
 
 
-class _Protocol(asyncio.Protocol):
-    """One connection of an `AsyncClient`: feeds the answer to a parser, then a waiter."""
+class _Socket:
+    """One connection of an `AsyncClient`: a non-blocking socket, and its TLS state (an
+    `ssl.SSLObject` over memory buffers), that belongs to no event loop. A request's loop
+    reads and writes it only while the request runs (``loop.sock_recv``, ``sock_sendall``),
+    so an idle connection serves whichever loop sends next, and closing one needs none: a
+    loop that closed leaves nothing behind."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.transport: asyncio.Transport  # set by connection_made, before anything else
-        self.fd = -1
-        self.parser: _Parser | None = None
-        self.waiter: asyncio.Future[Response] | None = None
-        self.alive = True
-        self.reusable = False
+    __slots__ = ("incoming", "outgoing", "sock", "tls")
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        self.fd = sock.fileno() if sock is not None else -1
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.tls: ssl.SSLObject | None = None
+        self.incoming = ssl.MemoryBIO()  # TLS records received, not yet read
+        self.outgoing = ssl.MemoryBIO()  # TLS records to send
 
-    def data_received(self, data: bytes) -> None:
-        if self.parser is None:  # bytes while idle: not a connection to reuse
-            self.alive = False
-            self.transport.abort()
-            return
-        self.parser.buf += data
-        try:
-            response = self.parser.parse()
-        except HTTPFailure as exc:
-            self._finish(exc)
-        else:
-            if response is not None:
-                self._finish(response)
-
-    def eof_received(self) -> bool:
-        self.alive = False
-        if self.parser is not None:
+    async def start_tls(
+        self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext, host: str
+    ) -> None:
+        self.tls = tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname=host)
+        while True:
             try:
-                self._finish(self.parser.eof())
-            except HTTPFailure as exc:
-                self._finish(exc)
+                tls.do_handshake()  # a truststore context verifies the peer here too
+                break
+            except ssl.SSLWantReadError:
+                await self._flush(loop)
+                await self._receive(loop)
+        await self._flush(loop)
+
+    async def send(self, loop: asyncio.AbstractEventLoop, data: bytes) -> None:
+        if self.tls is not None:
+            view = memoryview(data)
+            while view:
+                view = view[self.tls.write(view) :]
+            data = self.outgoing.read()
+        try:
+            sent = self.sock.send(data)  # a request fits the socket's buffer, as a rule
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            await loop.sock_sendall(self.sock, memoryview(data)[sent:])
+
+    async def recv(self, loop: asyncio.AbstractEventLoop) -> bytes:
+        """The next bytes of the answer; ``b""`` at the end of the connection (a TLS
+        peer's close_notify, or its bare EOF, which the sync client reads as EOF too)."""
+        tls = self.tls
+        if tls is None:
+            return await loop.sock_recv(self.sock, _READ)
+        while True:
+            try:
+                return tls.read(_READ)
+            except ssl.SSLWantReadError:
+                if self.incoming.eof:
+                    return b""
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b""
+            await self._flush(loop)  # TLS 1.3 may answer a record with one of its own
+            await self._receive(loop)
+
+    async def _receive(self, loop: asyncio.AbstractEventLoop) -> None:
+        data = await loop.sock_recv(self.sock, _READ)
+        if data:
+            self.incoming.write(data)
+        else:
+            self.incoming.write_eof()
+
+    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.outgoing.pending:
+            await loop.sock_sendall(self.sock, self.outgoing.read())
+
+    def stale(self) -> bool:
+        """Whether the server closed this connection, or sent bytes nobody asked for, while
+        it was idle (or just opened). TLS records that carry no data (a TLS 1.3 session
+        ticket) are read and are no reason to drop it."""
+        tls = self.tls
+        if tls is None:
+            return _readable(self.sock.fileno())
+        try:
+            while _readable(self.sock.fileno()):
+                data = self.sock.recv(_READ)
+                if not data:
+                    return True
+                self.incoming.write(data)
+            if self.incoming.pending or tls.pending():
+                tls.read(_READ)
+                return True  # data: not an answer to anything
+        except ssl.SSLWantReadError:
+            return False
+        except OSError:  # ssl.SSLError too: a reset, a close_notify, a broken record
+            return True
         return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.alive = False
-        if exc is None:  # also after a TLS peer's bare EOF, which sync reads as EOF too
-            self.eof_received()
-        elif self.parser is not None:
-            failure = Broken("the connection closed before the answer was complete", sent=True)
-            failure.__cause__ = exc
-            self._finish(failure)
-
-    def _finish(self, outcome: Response | HTTPFailure) -> None:
-        waiter, parser = self.waiter, self.parser
-        self.waiter = self.parser = None
-        self.reusable = parser is not None and parser.reusable
-        if waiter is None or waiter.done():
-            return
-        if isinstance(outcome, Response):
-            waiter.set_result(outcome)
-        else:
-            waiter.set_exception(outcome)
-
     def close(self) -> None:
-        """Close at once: a TLS transport's close() would wait (on the loop, up to 30 s)
-        for the server's close_notify, and a loop closed meanwhile leaks the socket."""
-        self.alive = False
-        with contextlib.suppress(RuntimeError):  # its loop may be closed
-            self.transport.abort()
+        """Close at once: no TLS close_notify, no loop needed."""
+        self.sock.close()
 
 
-class AsyncClient(_Origin[_Protocol]):
-    """Async version of `Client`: any number of tasks at once on one event loop. A request
+class AsyncClient(_Origin[_Socket]):
+    """Async version of `Client`: any number of tasks at once, on any event loop (or on
+    several, in several threads); its idle connections are tied to none of them. A request
     cancelled from outside closes its connection and lets `CancelledError` through."""
 
     async def post(self, path: str, body: bytes) -> Response:
         if self._closed:
             raise RuntimeError("closed")
         data = self._request(path, body)
-        sent = [False]  # set by _exchange once the request is handed to the transport
+        sent = [False]  # set by _exchange once the request starts to go out
         try:
             if sys.version_info >= (3, 11):
                 async with asyncio.timeout(self._timeout):
@@ -477,58 +506,98 @@ class AsyncClient(_Origin[_Protocol]):
             raise TimedOut(self._late, sent=sent[0]) from exc
 
     async def aclose(self) -> None:
-        """Close the idle connections; a request in flight closes its own when done."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for proto in idle:
-            proto.close()
+        """Close the idle connections (from any loop); a request in flight closes its own
+        when done."""
+        self.close()
+
+    def close(self) -> None:
+        """`aclose`, from anywhere: it needs no event loop."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     async def _exchange(self, data: bytes, sent: list[bool]) -> Response:
         loop = asyncio.get_running_loop()
-        proto = self._take(loop) or await self._connect(loop)
-        if not proto.alive:  # a new connection the server closed (or wrote to) at once
-            proto.close()
-            raise Broken("the server closed the connection at once", sent=False)
+        conn = self._take()
+        if conn is None:
+            conn = await self._connect(loop)
+            if conn.stale():  # a new connection the server closed (or wrote to) at once
+                conn.close()
+                raise Broken("the server closed the connection at once", sent=False)
+        parser = _Parser()
         try:
-            waiter: asyncio.Future[Response] = loop.create_future()
-            proto.waiter = waiter
-            proto.parser = _Parser()
             sent[0] = True
-            proto.transport.write(data)
-            response = await waiter
-        except BaseException:
-            proto.close()
+            await conn.send(loop, data)
+            response = None
+            while response is None:
+                chunk = await conn.recv(loop)
+                if chunk:
+                    parser.buf += chunk
+                    response = parser.parse()
+                else:
+                    response = parser.eof()
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
             raise
-        if proto.reusable and proto.alive and not self._closed:
-            self._idle.append(proto)
-        else:
-            proto.close()
+        with self._lock:
+            if parser.reusable and not self._closed:
+                self._idle.append(conn)
+                return response
+        conn.close()
         return response
 
-    def _take(self, loop: asyncio.AbstractEventLoop) -> _Protocol | None:
-        while self._idle:
-            proto = self._idle.pop()
-            if (
-                proto.alive
-                and proto.loop is loop
-                and not proto.transport.is_closing()
-                and not (proto.fd >= 0 and _readable(proto.fd))
-            ):
-                return proto
-            proto.close()
-        return None
+    def _take(self) -> _Socket | None:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                conn = self._idle.pop()  # the newest: the least likely to have timed out
+            if not conn.stale():
+                return conn
+            conn.close()
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Socket:
         try:
-            _, proto = await loop.create_connection(
-                lambda: _Protocol(loop),
-                self._host,
-                self._port,
-                ssl=self._ssl,
-                server_hostname=self._host if self._ssl is not None else None,
-            )
-        except TimeoutError as exc:  # the kernel's own connect timeout
-            raise TimedOut(self._late, sent=False) from exc
+            try:  # an IP address needs no resolver (nor a worker thread to wait for it)
+                addresses = socket.getaddrinfo(
+                    self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+                )
+            except socket.gaierror:
+                addresses = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise _connect_failure(exc) from exc
-        return proto
+        failure: OSError = OSError("no address for the host")
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                failure = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            break
+        else:
+            if isinstance(failure, TimeoutError):  # the kernel's own connect timeout
+                raise TimedOut(self._late, sent=False) from failure
+            raise _connect_failure(failure) from failure
+        conn = _Socket(sock)
+        if self._ssl is not None:
+            try:
+                await conn.start_tls(loop, self._ssl, self._host)
+            except BaseException as exc:
+                conn.close()
+                if isinstance(exc, TimeoutError):
+                    raise TimedOut(self._late, sent=False) from exc
+                if isinstance(exc, OSError):
+                    raise _connect_failure(exc) from exc
+                raise
+        return conn
