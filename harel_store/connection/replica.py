@@ -44,6 +44,8 @@ log = logging.getLogger("harel_store")
 HELPER = str(Path(__file__).with_name("replica_helper.py"))
 # What a new helper may take to start (Python, then libsql's import), beyond ``timeout``.
 START_GRACE = 0.5
+# The share of ``timeout`` a helper spends retrying a sync sqld asks to be retried.
+RETRY_SHARE = 0.8
 # How long a closing store lets its helper finish a sync before it kills it.
 END_WAIT = 0.5
 
@@ -171,7 +173,14 @@ class Syncer:
         self._where = where
         self._secrets = (auth_token,) if auth_token else ()
         self._path = path
-        self._config = {"path": path, "url": url, "token": auth_token, "parent": os.getpid()}
+        self._config = {
+            "path": path,
+            "url": url,
+            "token": auth_token,
+            "parent": os.getpid(),
+            # A sync sqld answers "not yet" is tried again, leaving time to say why it failed.
+            "retry_for": timeout * RETRY_SHARE,
+        }
         self._interval = interval
         self._lock = _lock(path, timeout)
         self._cond = threading.Condition()

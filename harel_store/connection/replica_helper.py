@@ -3,7 +3,8 @@
 libsql's replica sync has no timeout and holds the GIL while it waits on the network, so
 it runs here, in a process of its own that the store can end at a deadline (see
 `replica.Syncer`), never in the store's process. Run as a script (no harel_store import),
-it reads one line of JSON from stdin (``path``, ``url``, ``token``, ``parent``), opens the
+it reads one line of JSON from stdin (``path``, ``url``, ``token``, ``parent``,
+``retry_for``), opens the
 replica and syncs it, then syncs once for every line that follows; it answers each with one
 line of JSON on the file descriptor it was started with as stdout: ``{}`` when the file is in
 step, ``{"error": text, "type": name}`` when not. libsql's own log (it writes to stdout)
@@ -16,7 +17,12 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
+
+# sqld answers this while it compacts its replication log: the snapshot a replica that is
+# behind the log's start needs comes within seconds (libsql issue 1310), so it is retried.
+RETRIED = "snapshot not found"
 
 
 def _die_with(parent: int) -> None:
@@ -28,6 +34,22 @@ def _die_with(parent: int) -> None:
         with_errno.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before that took effect
         os._exit(1)
+
+
+def _sync(db: Any, retry_for: float) -> None:
+    """One sync; one that fails with RETRIED is tried again for up to ``retry_for`` seconds,
+    from where it got to (the file keeps the frames it applied)."""
+    until = time.monotonic() + retry_for
+    pause = 0.02
+    while True:
+        try:
+            db.sync()
+            return
+        except Exception as exc:
+            if RETRIED not in str(exc) or time.monotonic() + pause > until:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def main() -> None:
@@ -53,14 +75,14 @@ def main() -> None:
         import libsql
 
         db = libsql.connect(config["path"], sync_url=config["url"], auth_token=config["token"])
-        db.sync()
+        _sync(db, config["retry_for"])
     except BaseException as exc:  # a Rust panic is a BaseException
         answer(exc)
         return
     answer()
     for _ in sys.stdin:
         try:
-            db.sync()
+            _sync(db, config["retry_for"])
         except BaseException as exc:
             answer(exc)
         else:
