@@ -54,6 +54,11 @@ def _cut(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _key(values: Sequence[Any]) -> str:
+    """The row's key (its first cell), for an error about the row."""
+    return f"; row {_cut(values[0])}" if values else ""
+
+
 def _kind_of(value: Any) -> str:
     return {int: "integer", float: "real", str: "text", bytes: "blob"}.get(
         type(value), "null" if value is None else type(value).__name__
@@ -73,6 +78,9 @@ class Query:
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # The cells' exact types when the row declares no NULL, no REAL and no `any` (an
+    # integer key, say): such a row is checked by one comparison.
+    plain: tuple[type, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Every statement of a commit is bound: one C call (itemgetter), not a generator.
@@ -83,6 +91,8 @@ class Query:
         elif self.order:
             pick = itemgetter(*self.order)
         object.__setattr__(self, "pick", pick)
+        if self.row and all(kind in ("int", "text") and not null for _, kind, null in self.row):
+            object.__setattr__(self, "plain", tuple(_ACCEPTS[kind][0] for _, kind, _ in self.row))
 
     def check(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """``rows`` as declared, a REAL column's ints made floats; RowError when one does
@@ -90,14 +100,20 @@ class Query:
         row = self.row
         if not row:
             return rows
+        plain = self.plain
+        if plain is not None:
+            for values in rows:
+                if tuple(map(type, values)) != plain:
+                    break
+            else:
+                return rows
         width = len(row)
         out = rows
         for index, values in enumerate(rows):
-            key = f"; row {_cut(values[0])}" if values else ""
             if len(values) != width:
                 raise RowError(
                     f"the database returned a row of {self.name} that does not fit "
-                    f"({len(values)} columns, not {width}{key})"
+                    f"({len(values)} columns, not {width}{_key(values)})"
                 )
             fixed = None
             for i, (name, kind, null) in enumerate(row):
@@ -108,7 +124,8 @@ class Query:
                 if type(value) not in accepts:
                     raise RowError(
                         f"the database returned a row of {self.name} that does not fit "
-                        f"({name}: {_kind_of(value)} {_cut(value)}, not {_NAMES[kind]}{key})"
+                        f"({name}: {_kind_of(value)} {_cut(value)}, not {_NAMES[kind]}"
+                        f"{_key(values)})"
                     )
                 if kind == "real" and type(value) is int:
                     fixed = fixed or list(values)

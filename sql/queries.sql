@@ -112,6 +112,7 @@ SELECT version FROM harel_executions WHERE id = ?;
 SELECT data FROM harel_executions WHERE id = ?;
 
 -- name: load_for_event^
+-- row: data text?, processed int
 -- The worker's per-event pair in one round trip: the execution and its dedupe marker.
 SELECT (SELECT data FROM harel_executions WHERE id = ?1),
        EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2);
@@ -165,6 +166,7 @@ DELETE FROM harel_trace
 WHERE execution_id = ?1 AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1) - ?2;
 
 -- name: read_trace
+-- row: idx int, entry text
 SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 
 -- name: list_executions
@@ -416,6 +418,7 @@ ORDER BY updated_at, id LIMIT ?10;
 -- its first live row and never meets a dead letter, however many there are.
 
 -- name: pending_outbox
+-- row: seq int, target_id text?, event text
 -- The oldest ?1 live entries (-1: all), claimed or not.
 SELECT seq, target_id, event FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT ?1;
 
@@ -434,6 +437,7 @@ SELECT seq, target_id, event FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT 
 -- passed over by the claim and made dead by a later one, once the rows before it are taken.
 
 -- name: mark_dead_outbox
+-- row: seq int, attempts int, last_error text?
 UPDATE harel_outbox
 SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
     dead_at = (julianday('now') - 2440587.5) * 86400.0
@@ -447,6 +451,7 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_outbox
+-- row: seq int, target_id text?, event text
 UPDATE harel_outbox
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -476,6 +481,7 @@ WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: extend_outbox
+-- row: seq int
 -- Of the entries ?2, those worker ?1 still holds: leased for ?3 seconds from now.
 UPDATE harel_outbox SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
 WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
@@ -498,10 +504,12 @@ WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
 -- The spawns' queue, as the outbox's.
 
 -- name: pending_spawns
+-- row: seq int, parent_id text, child_id text, root_path text, context text
 SELECT seq, parent_id, child_id, root_path, context FROM harel_spawns
 WHERE seq > 0 ORDER BY seq LIMIT ?1;
 
 -- name: mark_dead_spawns
+-- row: seq int, attempts int, last_error text?
 UPDATE harel_spawns
 SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
     dead_at = (julianday('now') - 2440587.5) * 86400.0
@@ -515,6 +523,7 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_spawns
+-- row: seq int, parent_id text, child_id text, root_path text, context text
 UPDATE harel_spawns
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -538,6 +547,7 @@ WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: extend_spawns
+-- row: seq int
 UPDATE harel_spawns SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
 WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
@@ -565,6 +575,7 @@ SELECT execution_id, path, fire_at FROM harel_timers WHERE fire_at <= ?1 AND dea
 ORDER BY fire_at, execution_id, path LIMIT ?2;
 
 -- name: mark_dead_timers
+-- row: execution_id text, path text, fire_at real, attempts int, last_error text?
 -- As mark_dead_outbox, for timers due at ?3.
 UPDATE harel_timers
 SET claimed_by = NULL, claimed_until = NULL, dead_at = (julianday('now') - 2440587.5) * 86400.0
@@ -578,6 +589,7 @@ WHERE (execution_id, path) IN (
 RETURNING execution_id, path, fire_at, attempts, last_error;
 
 -- name: claim_due_timers
+-- row: execution_id text, path text, fire_at real
 -- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's;
 -- ?5 max_attempts.
 UPDATE harel_timers
@@ -821,6 +833,7 @@ INSERT OR IGNORE INTO harel_definitions (definition_id, version, digest, source,
 VALUES (?, ?, ?, ?, ?);
 
 -- name: load_definition^
+-- row: definition_id text, version int, digest text, source text, published_at real?
 SELECT definition_id, version, digest, source, published_at
 FROM harel_definitions WHERE definition_id = ? AND version = ?;
 
@@ -857,10 +870,12 @@ FROM pragma_foreign_key_list(?) ORDER BY id, seq;
 SELECT type, name, sql FROM sqlite_master WHERE type IN ('view', 'trigger') ORDER BY type, name;
 
 -- name: count_by_status
+-- row: status text, count int
 -- A row whose summary is NULL (its JSON was corrupt when 0002 backfilled it) counts as unknown.
 SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 ORDER BY 1;
 
 -- name: pending_counts^
+-- row: outbox int, spawns int, due int, later int, oldest_outbox real?, held_outbox int, held_spawns int, held_timers int, oldest_spawn real?, soonest real?, now real, dead_outbox int, dead_spawns int, dead_timers int
 -- Pending (live) outbox entries and spawns, live timers due at ?1 and later than it, when the
 -- oldest pending outbox entry was written (unknown before outbox rows carried created_at),
 -- how many outbox entries, spawns and timers a worker holds under a live lease (the
@@ -903,11 +918,13 @@ SELECT 'timer', dead_at, attempts, last_error, NULL, execution_id, path, fire_at
 FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
 
 -- name: timers_of
+-- row: path text, fire_at real
 -- The execution's live timers (its dead ones are dead letters).
 SELECT path, fire_at FROM harel_timers WHERE execution_id = ? AND dead_at IS NULL
 ORDER BY fire_at, path;
 
 -- name: outbox_for
+-- row: seq int, target_id text?, event text
 SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? AND seq > 0 ORDER BY seq;
 
 -- The operator views of the queues: pending (live) rows with their times, claims, attempts
@@ -917,12 +934,14 @@ SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? AND seq > 0 O
 -- undelivered entries.
 
 -- name: outbox_view
+-- row: seq int, target_id text?, source_id text?, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, event text
 -- ?1: a source_id (NULL: any), ?2 rows.
 SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, attempts, last_error,
        event
 FROM harel_outbox WHERE seq > 0 AND (?1 IS NULL OR source_id = ?1) ORDER BY seq LIMIT ?2;
 
 -- name: outbox_view_target
+-- row: seq int, target_id text?, source_id text?, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, event text
 -- ?1: the target_id, ?2: a source_id (NULL: any), ?3 rows.
 SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, attempts, last_error,
        event
@@ -930,11 +949,13 @@ FROM harel_outbox WHERE target_id = ?1 AND seq > 0 AND (?2 IS NULL OR source_id 
 ORDER BY seq LIMIT ?3;
 
 -- name: spawns_view
+-- row: seq int, parent_id text, child_id text, root_path text, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, context text
 SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, attempts,
        last_error, context
 FROM harel_spawns WHERE seq > 0 ORDER BY seq LIMIT ?;
 
 -- name: spawns_view_parent
+-- row: seq int, parent_id text, child_id text, root_path text, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, context text
 SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, attempts,
        last_error, context
 FROM harel_spawns WHERE parent_id = ? AND seq > 0 ORDER BY seq LIMIT ?;

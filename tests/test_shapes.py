@@ -97,6 +97,50 @@ def test_attempts_edited_through_the_store_connection(tmp_path: Path, kind: Any)
             s.timers_view()
 
 
+def _seed_queues(path: str, kind: Any) -> None:
+    with kind(path) as s:
+        exe = Execution(id="exe-1", definition_id="d")
+        s.save(exe)
+        s.commit(
+            exe,
+            [("exe-2", Event(name="e"))],
+            timers=[TimerOp(action="schedule", path="t1", fire_at=5.0)],
+            spawns=[("kid", "root", {})],
+            trace={"n": 1},
+        )
+
+
+# Each read of the queues and the operator views, and a column edited to a type it cannot
+# hold: the query the error names, and the read.
+EDITED = [
+    ("UPDATE harel_outbox SET attempts = 'x'", "outbox_view", lambda s: s.outbox_view()),
+    ("UPDATE harel_outbox SET created_at = 'x'", "pending_counts", lambda s: s.stats(0.0)),
+    ("UPDATE harel_outbox SET target_id = X'01'", "pending_outbox", lambda s: s.pending_outbox()),
+    ("UPDATE harel_outbox SET target_id = X'01'", "claim_outbox", lambda s: s.claim_outbox("w")),
+    ("UPDATE harel_spawns SET attempts = 2.5", "spawns_view", lambda s: s.spawns_view()),
+    ("UPDATE harel_spawns SET root_path = X'01'", "claim_spawns", lambda s: s.claim_spawns("w")),
+    (
+        "UPDATE harel_timers SET attempts = 'x'",
+        "mark_dead_timers",
+        lambda s: s.claim_due_timers("w", 10.0, max_attempts=1),
+    ),
+    ("UPDATE harel_trace SET idx = 'x'", "read_trace", lambda s: s.read_trace("exe-1")),
+    ("UPDATE harel_executions SET status = X'01'", "count_by_status", lambda s: s.stats(0.0)),
+]
+
+
+@pytest.mark.parametrize("kind", LOCAL, ids=lambda k: k.__name__)
+@pytest.mark.parametrize(("edit", "query", "read"), EDITED, ids=[e[1] for e in EDITED])
+def test_a_queue_row_edited_by_hand_is_a_store_error_naming_its_query(
+    tmp_path: Path, kind: Any, edit: str, query: str, read: Callable[[Any], Any]
+) -> None:
+    path = str(tmp_path / "x.db")
+    _seed_queues(path, kind)
+    _edit(path, edit)
+    with kind(path) as s, pytest.raises(StoreError, match=rf"row of {query} that does not fit"):
+        read(s)
+
+
 def test_the_cli_prints_one_line_and_exits_1(tmp_path: Path) -> None:
     path = str(tmp_path / "x.db")
     _seed(path, LibsqlStore)
