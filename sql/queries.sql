@@ -32,17 +32,21 @@ SELECT CASE WHEN changes() = 0 THEN json('harel-store: the guarded statement cha
 SELECT CASE WHEN changes() <> ?1 THEN json('harel-store: the guarded statement changed another number of rows') END;
 
 -- name: clock$
+-- row: now real
 -- The database's clock, epoch seconds: every time the store writes is on it.
 SELECT (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: ping$
+-- row: one int
 -- Whether the server answers at all (and accepts the token).
 SELECT 1;
 
 -- name: version_table_exists$
+-- row: found int
 SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version';
 
 -- name: schema_revision$
+-- row: version_num text
 SELECT version_num FROM alembic_version;
 
 -- name: create_version_table!
@@ -106,9 +110,11 @@ SET data = ?2, version = ?3, status = ?5, outcome = ?6, active_path = ?7, finish
 WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 
 -- name: execution_version$
+-- row: version int
 SELECT version FROM harel_executions WHERE id = ?;
 
 -- name: load_execution$
+-- row: data text
 SELECT data FROM harel_executions WHERE id = ?;
 
 -- name: load_for_event^
@@ -118,6 +124,7 @@ SELECT (SELECT data FROM harel_executions WHERE id = ?1),
        EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2);
 
 -- name: is_processed$
+-- row: found int
 SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
 
 -- name: insert_outbox$
@@ -170,6 +177,7 @@ WHERE execution_id = ?1 AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execu
 SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 
 -- name: list_executions
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- One keyset page without filters: a primary-key range, ids from ?1 (the cursor's id followed
 -- by a NUL, the least string above it; or an id prefix) up to ?3 (exclusive: the least string
 -- above an id prefix, or an empty BLOB, above every string), ?2 rows.
@@ -180,6 +188,7 @@ SELECT id, definition_id, version, status, outcome, active_path, parent_id, fini
 FROM harel_executions WHERE id >= ?1 AND id < ?3 AND status IS NOT NULL ORDER BY id LIMIT ?2;
 
 -- name: list_by_status
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- A keyset page of the rows whose status is any of ?2..?5 (NULL: unused slot), ids in
 -- [?1, ?7) as in list_executions, ?6 rows.
 -- One LIMITed seek per status in its (status, id) index, merged: cost grows with the page.
@@ -205,6 +214,7 @@ SELECT * FROM (
 ORDER BY id LIMIT ?6;
 
 -- name: list_by_definition
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- As list_by_status, for definition ?2 and statuses ?3..?6 (all four: any status), ?7 rows,
 -- ids in [?1, ?8).
 SELECT * FROM (
@@ -229,6 +239,7 @@ SELECT * FROM (
 ORDER BY id LIMIT ?7;
 
 -- name: list_roots
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- As list_by_status, roots only (parent_id IS NULL selects the partial index).
 SELECT * FROM (
     SELECT id, definition_id, version, status, outcome, active_path, parent_id, finished_at,
@@ -252,6 +263,7 @@ SELECT * FROM (
 ORDER BY id LIMIT ?6;
 
 -- name: list_roots_by_definition
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- As list_by_definition, roots only. INDEXED BY: with the id range closed at both ends the
 -- planner (no ANALYZE statistics) rates the full definition index as good as the partial one,
 -- which skips every child execution.
@@ -289,6 +301,7 @@ ORDER BY id LIMIT ?7;
 -- commit, as updated_at moves).
 
 -- name: list_newest
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- Newest first, (updated_at, id) descending; the rows of statuses ?5..?8 with ?1 <= updated_at
 -- <= ?2, a row at ?2 only below id ?3 (the cursor; '' on a first page: none at ?2, so an
 -- exclusive upper bound). Rows whose updated_at is NULL (written before 0005) come last, by
@@ -370,6 +383,7 @@ SELECT * FROM (
 ORDER BY updated_at DESC, id DESC LIMIT ?11;
 
 -- name: list_oldest
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- Oldest first, (updated_at, id) ascending, for a time window: the rows of statuses ?4..?7
 -- with ?2 <= updated_at < ?1, a row at ?2 only above id ?3 (the cursor; '' on a first page:
 -- every id, so an inclusive lower bound). ?8 definition_id, ?9 roots only, ?10 rows; ids in
@@ -631,6 +645,7 @@ WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: attempts_of
+-- row: kind text, key any, path text?, fire_at real?, attempts int
 -- The attempts of items, live or dead, in one read: the outbox entries and the spawns whose
 -- seqs are in the JSON arrays ?1 and ?2, the timers whose [execution_id, path] are in ?3
 -- (their fire_at comes back, for the store to match: no float is read from JSON text).
@@ -646,6 +661,7 @@ WHERE (execution_id, path) IN
     (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?3));
 
 -- name: dead_letters
+-- row: kind text, dead_at real?, attempts int, last_error text?, seq int?, a text?, b text, c any, d text?
 -- The first ?1 dead letters in the order they died (ties: outbox, spawn, timer, then by
 -- key), of the kind ?2 (NULL: every kind): each kind's dead index read from its start, the
 -- three merged. One shape for the three: kind, dead_at, attempts, last_error, then
@@ -720,6 +736,7 @@ WHERE parent_id IN (SELECT value FROM json_each(?1))
 -- time. Every time is epoch seconds on the database's clock.
 
 -- name: finished_trees
+-- row: root text, id text, version int, status text
 -- The trees of the first ?2 final roots last updated before ?1, least recently updated
 -- first (rows written before 0005, with no updated_at, before all: older than any time):
 -- one row per member, each tree's root first, as (root, id, version, status). UNION stops
@@ -799,6 +816,7 @@ DELETE FROM harel_timers WHERE (execution_id, path) IN (
     ORDER BY dead_at LIMIT ?2);
 
 -- name: retention_counts^
+-- row: executions int, markers int, dead int
 -- What a gc would remove (harel-store gc --dry-run): the executions of the final trees
 -- whose roots were last updated before ?1 (NULL: not asked; a tree with a member not
 -- final counts 0), the markers recorded before ?2, the dead letters dead before ?3.
@@ -822,6 +840,7 @@ SELECT (SELECT COALESCE(SUM(members), 0) FROM trees WHERE open = 0),
        + (SELECT COUNT(*) FROM harel_timers WHERE dead_at < ?3);
 
 -- name: ids_in_range
+-- row: id text
 -- Ids with a prefix, as the primary-key range [?1, ?2): case-sensitive, with no character
 -- that means anything but itself. Where the prefix has no successor string, ?2 is an empty
 -- BLOB, which sorts after every TEXT value.
@@ -906,14 +925,17 @@ SELECT (SELECT COUNT(*) FROM harel_outbox WHERE seq > 0),
 -- execution_id ?1 and path ?2.
 
 -- name: dead_outbox_entry^
+-- row: kind text, dead_at real?, attempts int, last_error text?, seq int?, a text?, b text, c any, d text?
 SELECT 'outbox', dead_at, attempts, last_error, -seq, target_id, event, NULL, NULL
 FROM harel_outbox WHERE seq = -?1;
 
 -- name: dead_spawn^
+-- row: kind text, dead_at real?, attempts int, last_error text?, seq int?, a text?, b text, c any, d text?
 SELECT 'spawn', dead_at, attempts, last_error, -seq, parent_id, child_id, root_path, context
 FROM harel_spawns WHERE seq = -?1;
 
 -- name: dead_timer^
+-- row: kind text, dead_at real?, attempts int, last_error text?, seq int?, a text?, b text, c any, d text?
 SELECT 'timer', dead_at, attempts, last_error, NULL, execution_id, path, fire_at, NULL
 FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
 
@@ -968,12 +990,14 @@ FROM harel_timers WHERE fire_at < ?1 AND dead_at IS NULL
 ORDER BY fire_at, execution_id, path LIMIT ?2;
 
 -- name: children_of
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- Operator queries read a NULL summary (see count_by_status) as status 'unknown'.
 SELECT id, definition_id, version, COALESCE(status, 'unknown'), outcome, active_path,
        parent_id, finished_at, created_at, updated_at
 FROM harel_executions WHERE parent_id = ? ORDER BY id;
 
 -- name: execution_tree
+-- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
 -- An execution (first) and all its descendants; UNION stops at a cycle.
 WITH RECURSIVE tree (id) AS (
     SELECT id FROM harel_executions WHERE id = ?1

@@ -675,4 +675,4 @@ def test_a_corrupt_summary_is_one_line_and_exit_1(tmp_path: Path) -> None:
     raw.close()
     for command in (("ls",), ("show", "kid")):
         line = failed(cli(*command, "--url", str(db), cwd=tmp_path), 1)
-        assert "summary of execution 'kid' is corrupt" in line, line
+        assert "does not fit (version: text 'seven', not an integer; row 'kid')" in line, line

@@ -110,6 +110,8 @@ def _seed_queues(path: str, kind: Any) -> None:
         )
 
 
+_DEAD = "UPDATE harel_outbox SET seq = -seq, dead_at = 1.0, "
+
 # Each read of the queues and the operator views, and a column edited to a type it cannot
 # hold: the query the error names, and the read.
 EDITED = [
@@ -126,6 +128,19 @@ EDITED = [
     ),
     ("UPDATE harel_trace SET idx = 'x'", "read_trace", lambda s: s.read_trace("exe-1")),
     ("UPDATE harel_executions SET status = X'01'", "count_by_status", lambda s: s.stats(0.0)),
+    (_DEAD + "attempts = 'x'", "dead_letters", lambda s: s.dead_letters()),
+    (_DEAD + "last_error = X'01'", "dead_outbox_entry", lambda s: s.dead_letter("outbox", 1)),
+    (
+        "UPDATE harel_outbox SET attempts = 'x'",
+        "attempts_of",
+        lambda s: s.attempts_of(s.pending_outbox()),
+    ),
+    ("UPDATE harel_executions SET data = X'01'", "load_execution", lambda s: s.load("exe-1")),
+    (
+        "UPDATE harel_executions SET status = 'finished', version = 'x'",
+        "finished_trees",
+        lambda s: s.purge_finished(1e12),
+    ),
 ]
 
 
