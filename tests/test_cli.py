@@ -287,6 +287,26 @@ def test_purge_one_and_a_tree(db: str) -> None:
         assert s.due_timers(time.time() + 7200) == [] and s.read_trace("order-1") == []
 
 
+def test_purge_of_a_parent_names_its_children_and_needs_tree_or_orphan(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    with LibsqlStore(db) as s:
+        s.save(Execution(id="p", definition_id="d", status="finished"))
+        for i in range(5):
+            s.save(Execution(id=f"p.{i}", definition_id="d", parent_id="p", status="finished"))
+    refused = failed(cli("purge", "p", "--url", db))
+    assert "p has 5 child executions (p.0, p.1, p.2 and 2 more): pass --tree" in refused
+    assert "not allowed with argument" in failed(
+        cli("purge", "p", "--tree", "--orphan", "--url", db), 2
+    )
+    with LibsqlStore(db) as s:
+        assert len(s.list_executions().items) == 6  # nothing was deleted
+    assert ok(cli("purge", "p", "--orphan", "--url", db)) == "purged p (version 1)\n"
+    with LibsqlStore(db) as s:
+        assert [c.parent_id for c in s.children_of("p")] == ["p"] * 5
+        assert s.load("p") is None
+    assert ok(cli("purge", "p.0", "--url", db)) == "purged p.0 (version 1)\n"
+
+
 def test_schema_prints_head_and_check_catches_drift(db: str) -> None:
     assert ok(cli("schema")) == (SQL_DIR / "schema.sql").read_text(encoding="utf-8")
     assert (

@@ -241,6 +241,8 @@ def test_the_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HAREL_AUTH_TOKEN", "h-token")
     assert (database_from_env(), token_from_env()) == ("harel.example.db", "h-token")
     assert database_from_env("given.db") == "given.db"
+    with pytest.raises(ValueError, match="the database URL is empty"):
+        database_from_env("")
     monkeypatch.setenv("HAREL_DATABASE_URL", "")  # set and empty counts as unset
     assert database_from_env() == "libsql://turso"
     from harel_store import migrate  # its older names still work
@@ -441,6 +443,10 @@ def test_the_cli_environment_on_a_file(here: Path) -> None:
     assert "cannot honour URI options (mode)" in line
     line = failed(cli("status", "--url", "sqlite+libsql:///t.db?authToken=SECRET", cwd=here), 2)
     assert "an authToken means nothing to it" in line and "SECRET" not in line
+    for empty in ("", "  "):  # an unset variable in a script: not a reason to open harel.db
+        line = failed(cli("status", "--url", empty, cwd=here, env=env), 2)
+        assert "the database URL is empty" in line
+    assert entries(here) == {"t.db", "h.db", "q?x=1.db"}
 
 
 def test_the_cli_behind_head_names_both_commands(here: Path) -> None:

@@ -223,6 +223,12 @@ def _decoded(store: Store, args: argparse.Namespace) -> Execution | None:
         raise
 
 
+def _some(children: list[ExecutionSummary]) -> str:
+    """The first children's ids, for a one-line message."""
+    names = ", ".join(plain(c.id) for c in children[:3])
+    return names + (f" and {len(children) - 3} more" if len(children) > 3 else "")
+
+
 def purge(args: argparse.Namespace) -> int:
     # With --version nothing is read but summary columns, so a corrupt record can be purged.
     with open_store(args) as store:
@@ -239,6 +245,14 @@ def purge(args: argparse.Namespace) -> int:
                     f"{args.id} is still running: pass --version {exe.version} to purge it anyway"
                 )
             version = exe.version
+        if not args.tree and not args.orphan:
+            children = store.children_of(args.id)
+            if children:
+                raise Failure(
+                    f"{args.id} has {len(children)} child execution"
+                    f"{'s' if len(children) > 1 else ''} ({_some(children)}): pass --tree to"
+                    " purge them with it, or --orphan to leave them without their parent"
+                )
         if args.tree:
             purged = store.purge_tree(args.id, version)
         else:
@@ -292,7 +306,11 @@ def configure_purge(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--version", type=int, metavar="V", help="purge only at this version (default: current)"
     )
-    parser.add_argument("--tree", action="store_true", help="also purge every descendant")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--tree", action="store_true", help="also purge every descendant")
+    how.add_argument(
+        "--orphan", action="store_true", help="purge it alone, its children left without a parent"
+    )
 
 
 COMMANDS = [
@@ -340,8 +358,9 @@ examples:
         "purge",
         "delete an execution, or a finished execution and all its descendants",
         f"""A running execution is purged only with an explicit --version; --tree refuses
-while any execution of the tree is still running. With --version the stored record is
-not read, so a corrupt one can be purged.
+while any execution of the tree is still running. An execution with children is purged
+with --tree (all of them too) or --orphan (it alone). With --version the stored record
+is not read, so a corrupt one can be purged.
 
 examples:
   {PROG} purge order-1a2b3c4d

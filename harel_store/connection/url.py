@@ -242,7 +242,10 @@ def show(database: str | os.PathLike[str]) -> str:
 
 def database_from_env(url: str | None = None, default: str = DEFAULT_DATABASE) -> str:
     """The database to use: ``url``, else ``$HAREL_DATABASE_URL``, else
-    ``$TURSO_DATABASE_URL``, else ``default``."""
+    ``$TURSO_DATABASE_URL``, else ``default``. An empty ``url`` is an error, not a reason
+    to fall back (``--url ""`` from a script whose variable was unset)."""
+    if url is not None and not url.strip():
+        raise ValueError("the database URL is empty: give a path or a URL")
     return url or next((os.environ[n] for n in DATABASE_ENV if os.environ.get(n)), default)
 
 
