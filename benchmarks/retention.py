@@ -180,10 +180,11 @@ FROM rows
 # In primary-key order, as the b-trees like it.
 SEED_TRACE = """
 WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :rows)
-INSERT INTO harel_trace (execution_id, idx, entry)
+INSERT INTO harel_trace (execution_id, idx, entry, recorded_at)
 SELECT printf('exe-%08d', n / :steps), n % :steps,
        json_object('event', 'tick', 'transition', 'main.wait -> main.wait',
-                   'at', 1.7e9 + n / :steps + (n % :steps) * 0.5)
+                   'at', 1.7e9 + n / :steps + (n % :steps) * 0.5),
+       1.7e9 + n / :steps + (n % :steps) * 0.5
 FROM seq
 """
 # One marker per finished execution, RUNNING_MARKERS per running one; event ids as

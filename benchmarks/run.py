@@ -216,8 +216,8 @@ def floor_commits(conn: Any, n: int, trace: bool, shape: str = "new") -> Callabl
 
 FILL_TRACE = """
 WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?)
-INSERT INTO harel_trace (execution_id, idx, entry)
-SELECT e.id, seq.n, ? FROM harel_executions AS e, seq
+INSERT INTO harel_trace (execution_id, idx, entry, recorded_at)
+SELECT e.id, seq.n, ?, (julianday('now') - 2440587.5) * 86400.0 FROM harel_executions AS e, seq
 """
 
 

@@ -24,6 +24,7 @@ from harel_store.models import (
     PendingSpawn,
     SpawnEntry,
     TimerOp,
+    TraceStep,
 )
 from harel_store.relay import AsyncRelay, Relay
 from harel_store.sql import HEAD
@@ -57,4 +58,5 @@ __all__ = [
     "StoreConflict",
     "StoreError",
     "TimerOp",
+    "TraceStep",
 ]

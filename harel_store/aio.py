@@ -48,6 +48,7 @@ from harel_store.models import (
     RelayItem,
     SpawnEntry,
     TimerOp,
+    TraceStep,
 )
 from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store, StoreStats
 
@@ -417,6 +418,10 @@ class AsyncLibsqlStore:
     ) -> list[ArmedTimer]:
         """Async version of `LibsqlStore.timers_view`."""
         return await self._run(self._s._timers_view(due_before=due_before, limit=limit))
+
+    async def trace_view(self, execution_id: str) -> list[TraceStep]:
+        """Async version of `LibsqlStore.trace_view`."""
+        return await self._run(self._s._trace_view(execution_id))
 
     async def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
         """Async version of `LibsqlStore.purge_tree`."""

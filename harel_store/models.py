@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -168,6 +169,18 @@ class ArmedTimer(NamedTuple):
     claimed_until: float | None
     attempts: int
     last_error: str | None
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """A trace step as an operator sees it: its index in the ring, when it was recorded
+    (epoch seconds on the database's clock; None for a step recorded before migration
+    0008) and the entry the engine wrote. (A dataclass: a named tuple's ``index`` is a
+    method.)"""
+
+    index: int
+    recorded_at: float | None
+    entry: dict[str, Any]
 
 
 class ExecutionSummary(BaseModel):

@@ -63,6 +63,7 @@ from harel_store.models import (
     RelayItem,
     SpawnEntry,
     TimerOp,
+    TraceStep,
 )
 
 DEFAULT_TRACE_MAX = 200
@@ -1044,6 +1045,20 @@ class Store:
         return [
             {**stored(f"trace step {idx} of {execution_id!r}", loads_dict, entry), "index": idx}
             for idx, entry in rows
+        ]
+
+    def trace_view(self, execution_id: str) -> list[TraceStep]:
+        """The execution's trace ring in order, as an operator sees it: each step with its
+        index and the time it was recorded."""
+        return self._run(self._trace_view(execution_id))
+
+    @staticmethod
+    def _trace_view(execution_id: str) -> Plan[list[TraceStep]]:
+        check_id(execution_id, "execution_id")
+        rows = yield statement("trace_view", execution_id)
+        return [
+            TraceStep(idx, at, stored(f"trace step {idx} of {execution_id!r}", loads_dict, entry))
+            for idx, at, entry in rows
         ]
 
     def load_definition(self, definition_id: str, version: int) -> DefinitionRecord | None:

@@ -162,8 +162,9 @@ DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
 -- The next index is computed inline (first step is 0; the MAX is one primary-key seek) and
 -- survives the ring trim; it comes back so a local batch runs the trim only once the ring
 -- is full.
-INSERT INTO harel_trace (execution_id, idx, entry)
-SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2
+INSERT INTO harel_trace (execution_id, idx, entry, recorded_at)
+SELECT ?1, COALESCE((SELECT MAX(idx) FROM harel_trace WHERE execution_id = ?1), -1) + 1, ?2,
+       (julianday('now') - 2440587.5) * 86400.0
 RETURNING idx;
 
 -- name: trim_trace!
@@ -175,6 +176,11 @@ WHERE execution_id = ?1 AND idx <= (SELECT MAX(idx) FROM harel_trace WHERE execu
 -- name: read_trace
 -- row: idx int, entry text
 SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
+
+-- name: trace_view
+-- row: idx int, recorded_at real?, entry text
+-- The trace with each step's time (harel-store trace).
+SELECT idx, recorded_at, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 
 -- name: list_executions
 -- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?

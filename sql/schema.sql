@@ -112,6 +112,7 @@ CREATE TABLE harel_trace (
     execution_id TEXT NOT NULL,
     idx INTEGER NOT NULL,
     entry TEXT NOT NULL,
+    recorded_at REAL, -- epoch seconds (the database's clock) when recorded (0008); NULL before
     PRIMARY KEY (execution_id, idx)
 ) WITHOUT ROWID;
 

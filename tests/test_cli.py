@@ -263,7 +263,20 @@ def test_trace(db: str) -> None:
         if ln
     ]
     assert [(s["index"], s["event"]) for s in steps] == [(0, "place"), (1, "pay")]
+    assert all(isinstance(s["recorded_at"], float) for s in steps)
     assert "no execution 'ghost'" in failed(cli("trace", "ghost", "--url", db))
+
+
+def test_trace_shows_when_a_step_without_its_own_time_was_recorded(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    with LibsqlStore(db) as s:
+        s.append_trace("e", {"event": "go"})
+        (step,) = s.trace_view("e")
+    assert step.recorded_at is not None
+    (line,) = ok(cli("trace", "e", "--url", db)).splitlines()
+    stamp = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(step.recorded_at))
+    assert line.split()[:4] == ["0", line.split()[1], "+0.000s", "go"]
+    assert line.split()[1].startswith(stamp), line
 
 
 def test_purge_one_and_a_tree(db: str) -> None:
@@ -550,7 +563,8 @@ def test_trace_json_escapes_a_lone_surrogate(db: str) -> None:
     with closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("UPDATE harel_trace SET entry = ? WHERE idx = 1", ('{"k":"\\ud800"}',))
     lines = ok(cli("trace", "order-1", "--json", "--url", db)).splitlines()
-    assert json.loads(lines[1]) == {"k": "\ud800", "index": 1}
+    step = json.loads(lines[1])
+    assert (step["k"], step["index"], type(step["recorded_at"])) == ("\ud800", 1, float)
     assert '{"k":"\\ud800"}' in ok(cli("trace", "order-1", "--url", db))
 
 

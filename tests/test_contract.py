@@ -198,6 +198,23 @@ def test_commit_lands_every_piece(store: Any) -> None:
     assert store.read_trace("exe-1") == [{"event": "a", "index": 0}]
 
 
+def test_each_trace_step_is_stamped_with_the_database_time_it_was_recorded(store: Any) -> None:
+    exe = new()
+    before = store.stats(0.0).now
+    store.commit(exe, [], trace={"event": "a"})
+    store.append_trace("exe-1", {"event": "b", "at": 5.0})
+    after = store.stats(0.0).now
+    first, second = store.trace_view("exe-1")
+    assert (first.index, first.entry) == (0, {"event": "a"})
+    assert (second.index, second.entry) == (1, {"event": "b", "at": 5.0})
+    assert before <= first.recorded_at <= second.recorded_at <= after
+    assert store.trace_view("ghost") == []
+    assert store.read_trace("exe-1") == [
+        {"event": "a", "index": 0},
+        {"event": "b", "at": 5.0, "index": 1},
+    ]
+
+
 def test_a_conflicting_commit_writes_nothing(store: Any) -> None:
     exe = new()
     store.save(exe)

@@ -241,3 +241,22 @@ def test_0006_up_and_down_on_a_populated_database(opener: type, tmp_path: Path) 
     with opener(db) as store:
         assert [(e.seq, e.attempts) for e in store.outbox_view()] == [(1, 0), (2, 0), (3, 0)]
         assert store.dead_letters() == [] and len(store.claim_due_timers("w", 2.0)) == 1
+
+
+def test_0008_stamps_new_trace_steps_and_leaves_older_ones_untimed(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    alembic("-x", f"url={db}", "upgrade", "0007")
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("INSERT INTO harel_trace (execution_id, idx, entry) VALUES ('e', 0, '{}')")
+    with LibsqlStore(db) as store:  # migrates to head
+        store.append_trace("e", {"event": "later"})
+        old, new = store.trace_view("e")
+        assert (old.index, old.recorded_at, old.entry) == (0, None, {})
+        assert (new.index, new.entry) == (1, {"event": "later"})
+        assert isinstance(new.recorded_at, float) and new.recorded_at > 1.7e9
+    alembic("-x", f"url={db}", "downgrade", "0007")
+    with closing(sqlite3.connect(db)) as conn:  # the steps stay, their times are forgotten
+        assert conn.execute("SELECT idx, entry FROM harel_trace ORDER BY idx").fetchall() == [
+            (0, "{}"),
+            (1, '{"event":"later"}'),
+        ]

@@ -23,7 +23,7 @@ from harel_store.cli.output import (
     when,
 )
 from harel_store.errors import StoreError
-from harel_store.models import STATUSES, Execution, ExecutionSummary
+from harel_store.models import STATUSES, Execution, ExecutionSummary, TraceStep
 from harel_store.store import MAX_PAGE, Store
 
 COLUMNS = (
@@ -167,29 +167,37 @@ def show_execution(args: argparse.Namespace) -> int:
     return 0
 
 
+def _moment(step: TraceStep) -> float | None:
+    """When a step happened: the engine's own ``at`` if it wrote one, else when the store
+    recorded it."""
+    at = step.entry.get("at")
+    return at if isinstance(at, (int, float)) and not isinstance(at, bool) else step.recorded_at
+
+
 def trace(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        steps = store.read_trace(args.id)
+        steps = store.trace_view(args.id)
         if not steps:
             load(store, args)
     if args.json:
         for step in steps:
-            print(to_json(step))
+            print(to_json({**step.entry, "index": step.index, "recorded_at": step.recorded_at}))
         return 0
     if not steps:
         print(f"{PROG}: {plain(args.id)} has no trace steps", file=sys.stderr)
         return 0
     on = colour_on(sys.stdout)
-    start = next((s["at"] for s in steps if isinstance(s.get("at"), (int, float))), None)
+    start = next((at for at in map(_moment, steps) if at is not None), None)
     rows = []
     for step in steps:
-        rest = dict(step)
-        index, at = rest.pop("index"), rest.pop("at", None)
+        rest = dict(step.entry)
+        rest.pop("at", None)
+        at = _moment(step)
         moment = delta = ""
-        if isinstance(at, (int, float)) and start is not None:
+        if at is not None and start is not None:
             moment, delta = when(at), since(at, start)
         cells = (
-            str(index),
+            str(step.index),
             moment,
             delta,
             str(rest.pop("event", "")),
@@ -348,7 +356,11 @@ examples:
     Command(
         "trace",
         "an execution's trace ring as a timeline",
-        f"""examples:
+        f"""A step's time is its entry's own `at` (epoch seconds) if the engine wrote one, else
+when the database recorded it (none for steps recorded before migration 0008); --json
+prints each entry with its index and recorded_at.
+
+examples:
   {PROG} trace order-1a2b3c4d
   {PROG} trace order-1a2b3c4d --json""",
         trace,
