@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sqlite3
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import quote
 
 from harel_store.batch import drive
 from harel_store.cli.common import (
@@ -18,12 +22,111 @@ from harel_store.cli.common import (
     require_local,
 )
 from harel_store.cli.output import PROG, Failure
-from harel_store.connection import show
-from harel_store.connection.local import why_not
+from harel_store.connection import parse_database, show
+from harel_store.connection.local import (
+    LibsqlConnection,
+    LocalConnection,
+    holder,
+    import_libsql,
+    why_not,
+)
 from harel_store.connection.revision import revision
+from harel_store.errors import StoreError, is_driver_error, translate
 from harel_store.migrate import alembic_config
 from harel_store.schema import describe, diff, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR, Query
+
+KNOWN = [m.revision for m in MIGRATIONS]
+REVISIONS = ["base", *KNOWN, "head"]
+BUSY_TIMEOUT_MS = 5000  # reading the revision waits this long for a writer's lock
+
+
+def target(text: str) -> str:
+    """An argparse type: a revision (``base``, ``0001`` ..., ``head``), or with ``--sql`` a
+    range of two, ``FROM:TO``."""
+    ends = text.split(":")
+    if len(ends) > 2 or not all(end in REVISIONS for end in ends):
+        raise argparse.ArgumentTypeError(
+            f"not a revision: {text!r} (one of {', '.join(REVISIONS)}; or, with --sql, a"
+            " range FROM:TO of two of them)"
+        )
+    return text
+
+
+def _revision(name: str) -> str | None:
+    """A revision as written on the command line, as the database holds it (base: None)."""
+    return None if name == "base" else HEAD if name == "head" else name
+
+
+def _rank(rev: str | None) -> int:
+    return 0 if rev is None else KNOWN.index(rev) + 1
+
+
+def _label(rev: str | None) -> str:
+    return "base" if rev is None else f"{rev} (head)" if rev == HEAD else rev
+
+
+def read_revision(where: str) -> str | None:
+    """The revision ``where`` is at (None: base), read without writing anything.
+
+    A local file is read over a read-only connection (SQLite refuses any write on it), with
+    the SQLite library this process already has it open with, if any; a missing file (or
+    ``:memory:``) is at base and is not created. A server is read through the store's
+    connection (a replica's primary is given by its own URL)."""
+    db = parse_database(where)
+    if db.local is None:
+        return current_revision(where)
+    if db.local == ":memory:" or not Path(db.local).exists():
+        return None
+    path = os.path.abspath(db.local)
+    uri = f"file:{quote(path)}?mode=ro"
+    conn: LocalConnection
+    try:
+        if holder(path) == "sqlite":  # a SqliteStore of this process: never a second library
+            conn = LocalConnection(sqlite3.connect(uri, uri=True, isolation_level=None), path)
+        else:
+            conn = LibsqlConnection(import_libsql().connect(uri), path)
+    except BaseException as exc:  # a driver's error, or pyo3's PanicException
+        if not is_driver_error(exc):
+            raise
+        raise Failure(f"cannot open {show(where)}: {why_not(str(translate(exc)))}") from exc
+    try:
+        conn.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}", ())
+        return drive(conn.execute, revision())  # its driver errors come back as StoreError
+    except BaseException as exc:
+        if not is_driver_error(exc):
+            raise
+        text = str(exc if isinstance(exc, StoreError) else translate(exc, quoted=path))
+        raise Failure(f"cannot open {show(where)}: {why_not(text)}") from exc
+    finally:
+        conn.close()
+
+
+def script_plan(where: str, to: str) -> tuple[str, str] | None:
+    """What ``migrate --sql --to TO`` prints, as Alembic's command and its ``FROM:TO`` (or
+    ``TO`` from base); None, said on stderr, when there is nothing to print. ``TO`` alone
+    starts from the revision ``where`` is at (read, never written); ``FROM:TO`` reads no
+    database."""
+    parse_database(where)  # a usage error (exit 2) before anything is read
+    if ":" in to:
+        first, _, last = to.partition(":")
+        start, end = _revision(first), _revision(last)
+        if start == end:
+            print(f"{PROG}: the range {to} is empty: nothing to do", file=sys.stderr)
+            return None
+    else:
+        start, end = read_revision(where), _revision(to)
+        if start is not None and start not in KNOWN:
+            raise Failure(
+                f"{show(where)} is at schema revision {start!r}, which this version of "
+                f"{PROG} does not know (its head is {HEAD}): upgrade {PROG}"
+            )
+        if start == end:
+            print(f"{PROG}: {show(where)} is at {_label(start)}: nothing to do", file=sys.stderr)
+            return None
+    if _rank(end) > _rank(start):
+        return "upgrade", str(end) if start is None else f"{start}:{end}"
+    return "downgrade", f"{start}:{end or 'base'}"
 
 
 def migrate(args: argparse.Namespace) -> int:
@@ -31,8 +134,15 @@ def migrate(args: argparse.Namespace) -> int:
 
     # A replica delegates its writes: the schema is changed on its primary.
     where = args.sync_url or database(args)
-    config = alembic_config(where)
     target = args.to
+    plan: tuple[str, str] | None = None
+    if args.sql:
+        plan = script_plan(where, target)
+        if plan is None:
+            return 0
+    elif ":" in target:
+        raise ValueError(f"--to {target}: a range FROM:TO is for --sql (the script of it)")
+    config = alembic_config(where)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
     handler.addFilter(lambda record: record.getMessage().startswith("Running"))
@@ -41,13 +151,15 @@ def migrate(args: argparse.Namespace) -> int:
     logger.setLevel(logging.INFO)
     try:
         step: Callable[..., None] = command.upgrade
-        if not args.sql:
-            known = [m.revision for m in MIGRATIONS]
+        if plan is not None:
+            name, target = plan
+            step = command.upgrade if name == "upgrade" else command.downgrade
+        else:
             current = None
             if exists(where):
                 current = current_revision(where)
             if target == "base" or (
-                target in known and current in known and known.index(target) < known.index(current)
+                target in KNOWN and current in KNOWN and KNOWN.index(target) < KNOWN.index(current)
             ):
                 step = command.downgrade
         try:
@@ -66,14 +178,18 @@ def migrate(args: argparse.Namespace) -> int:
 
 
 def configure_migrate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sql", action="store_true", help="print the SQL only")
-    revisions = ["base", *(m.revision for m in MIGRATIONS), "head"]
+    parser.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the SQL script from the database's revision to --to, change nothing",
+    )
     parser.add_argument(
         "--to",
         default="head",
-        choices=revisions,
+        type=target,
         metavar="REV",
-        help=f"target revision: {', '.join(revisions)} (default: head)",
+        help=f"target revision: {', '.join(REVISIONS)} (default: head); with --sql, also"
+        " FROM:TO (that range, reading no database)",
     )
 
 
@@ -114,10 +230,15 @@ COMMANDS = [
     Command(
         "migrate",
         "upgrade (or downgrade) the schema with the packaged Alembic migrations",
-        f"""examples:
-  {PROG} migrate                       # to head
-  {PROG} migrate --to 0001             # to a revision (down if it is older)
-  {PROG} migrate --sql > upgrade.sql   # print the SQL script, change nothing""",
+        f"""--sql reads the database's revision (never writing it; a missing file is at base)
+and prints the script from there to --to: an upgrade, or a downgrade to an older one.
+
+examples:
+  {PROG} migrate                             # to head
+  {PROG} migrate --to 0001                   # to a revision (down if it is older)
+  {PROG} migrate --sql > upgrade.sql         # what migrate would run; changes nothing
+  {PROG} migrate --sql --to base > down.sql  # the downgrade from its revision to base
+  {PROG} migrate --sql --to 0004:head        # a range, reading no database""",
         migrate,
         configure_migrate,
     ),
