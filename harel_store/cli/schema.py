@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from harel_store.connection.local import (
 from harel_store.connection.revision import revision
 from harel_store.errors import StoreError, is_driver_error, translate
 from harel_store.migrate import alembic_config
-from harel_store.schema import describe, diff, head_schema
+from harel_store.schema import Schema, describe, diff, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR, Query
 
 KNOWN = [m.revision for m in MIGRATIONS]
@@ -193,13 +194,39 @@ def configure_migrate(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def schema_at(rev: str) -> Schema:
+    """The schema a database at revision ``rev`` has: the chain up to it, run into a fresh
+    in-memory database."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for migration in MIGRATIONS[: KNOWN.index(rev) + 1]:
+            for statement in migration.statements("up"):
+                conn.execute(statement)
+        return describe(conn)
+    finally:
+        conn.close()
+
+
 def drift(where: str) -> tuple[str | None, list[str]]:
-    """The live database's revision and its differences from the head schema (none: it
-    matches)."""
+    """The live database's revision and its differences from the schema of that revision
+    (none: it matches). A revision this version does not know, or none, is a Failure."""
     with connection(where) as conn:
         current = drive(conn.execute, revision())
         live = describe(lambda sql, params: conn.execute((Query("describe", "", sql), params)))
-    return current, diff(head_schema(), live)
+    if current is None:
+        raise Failure(f"{show(where)} has no harel-store schema: {_migrate_hint(where)}")
+    if current not in KNOWN:
+        raise Failure(
+            f"{show(where)} is at schema revision {current!r}, which this version of {PROG}"
+            f" does not know (its head is {HEAD}): upgrade {PROG} to check it"
+        )
+    if current == HEAD:
+        return current, diff(head_schema(), live)
+    return current, diff(schema_at(current), live, expected_name=f"revision {current}")
+
+
+def _migrate_hint(where: str) -> str:
+    return f"run `{PROG} migrate --url {shlex.quote(where)}`"
 
 
 def schema(args: argparse.Namespace) -> int:
@@ -209,15 +236,18 @@ def schema(args: argparse.Namespace) -> int:
     where = args.sync_url or database(args)
     require_local(where, None)
     current, lines = drift(where)
-    if not lines:
+    if not lines and current == HEAD:
         print(f"{show(where)}: schema matches head (revision {current})")
         return 0
+    if not lines:
+        raise Failure(
+            f"{show(where)} is behind: its schema matches revision {current}, head is {HEAD}:"
+            f" {_migrate_hint(where)}"
+        )
     for line in lines:
         print(line)
-    behind = "" if current == HEAD else f"; it is at revision {current}, head is {HEAD}"
-    raise Failure(
-        f"{show(where)} has drifted from the head schema ({len(lines)} differences{behind})"
-    )
+    at = "head" if current == HEAD else f"revision {current} (behind head {HEAD})"
+    raise Failure(f"{show(where)} has drifted from the schema of {at} ({len(lines)} differences)")
 
 
 def configure_schema(parser: argparse.ArgumentParser) -> None:
