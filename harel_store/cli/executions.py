@@ -349,7 +349,7 @@ entries for it (outbox) and from it (emitted), its pending spawns and children.
 
 examples:
   {PROG} show order-1a2b3c4d
-  {PROG} show order-1a2b3c4d | jq .execution.context""",
+  {PROG} show order-1a2b3c4d --json | jq .execution.context""",
         show_execution,
         configure_show,
     ),
@@ -375,8 +375,9 @@ with --tree (all of them too) or --orphan (it alone). With --version the stored 
 is not read, so a corrupt one can be purged.
 
 examples:
-  {PROG} purge order-1a2b3c4d
+  {PROG} purge invoice-9f8e7d6c
   {PROG} purge order-1a2b3c4d --tree
+  {PROG} purge order-1a2b3c4d --orphan
   {PROG} purge stuck-42 --version 7""",
         purge,
         configure_purge,

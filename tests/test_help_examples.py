@@ -1,0 +1,144 @@
+"""Every example of every command's --help runs as written, against a database that holds
+what the examples name: one shell line each, on its own copy, with `jq` at the end of a
+pipe (a small stand-in that reads JSON documents and picks a path, so a pipe of anything
+but JSON fails). migrate's examples run in order in tests/test_migrate_sql.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from harel_store import Event, Execution, LibsqlStore, TimerOp
+from harel_store.cli import COMMANDS
+from harel_store.cli.output import PROG
+from tests.test_cli import CLI
+
+# The examples that are meant to fail on a store holding dead letters: a health check.
+FAILS_ON_PURPOSE = {f"{PROG} status --max-dead 0"}
+
+JQ = '''#!PYTHON
+"""jq's path filter (`.a.b`, `-r`) over a stream of JSON documents; anything else fails."""
+import json, sys
+
+args = sys.argv[1:]
+raw = "-r" in args
+(path,) = [a for a in args if a != "-r"]
+text, decoder, at = sys.stdin.read(), json.JSONDecoder(), 0
+while text[at:].strip():
+    at += len(text[at:]) - len(text[at:].lstrip())
+    doc, at = decoder.raw_decode(text, at)
+    for key in filter(None, path.split(".")):
+        doc = doc[key]
+    print(doc if raw and isinstance(doc, str) else json.dumps(doc))
+'''
+
+
+def examples() -> list[str]:
+    found = []
+    for command in COMMANDS:
+        if command.name == "migrate":
+            continue
+        text = command.epilog or ""
+        lines = text[text.index("examples:") :].splitlines()[1:] if "examples:" in text else []
+        found += [line.split("#")[0].strip() for line in lines if line.startswith(f"  {PROG} ")]
+    return found
+
+
+EXAMPLES = examples()
+
+
+def seed(path: Path) -> None:
+    """What the examples name: order-1a2b3c4d (a finished tree, with a trace, outbox entries
+    it emitted and for it, spawns it made), invoice-9f8e7d6c (a leaf with a due timer),
+    stuck-42 at version 7 (last updated on 2026-12-01 at 10:30 UTC), the outbox entry 42, the
+    spawn 7 and the timer main.remind of order-1a2b as dead letters."""
+    now = time.time()
+    with LibsqlStore(path) as s:
+        order = Execution(id="order-1a2b3c4d", definition_id="order", status="finished")
+        s.save(order)
+        s.commit(
+            order,
+            [("order-1a2b3c4d", Event(name=f"e{n}")) for n in range(45)],
+            timers=(TimerOp.schedule("main.remind", now + 3600),),
+            spawns=tuple((f"order-1a2b3c4d.k{n}", "r", {}) for n in range(8)),
+            trace={"event": "pay", "transition": "placed -> paid"},
+        )
+        kid = Execution(id="order-1a2b3c4d.k0", definition_id="k", parent_id="order-1a2b3c4d")
+        kid.status = "finished"
+        s.save(kid)
+        invoice = Execution(id="invoice-9f8e7d6c", definition_id="invoice", status="failed")
+        s.save(invoice)
+        s.commit(invoice, [], timers=(TimerOp.schedule("main.retry", now - 5),))
+        stuck = Execution(id="stuck-42", definition_id="order")
+        for _ in range(7):
+            s.save(stuck)
+        other = Execution(id="order-1a2b", definition_id="order")
+        s.save(other)
+        s.commit(other, [], timers=(TimerOp.schedule("main.remind", now - 5),))
+    with closing(sqlite3.connect(path)) as conn, conn:  # the store is closed
+        dead = "dead_at = 1.0, attempts = 5, last_error = 'boom'"
+        conn.execute(f"UPDATE harel_outbox SET seq = -seq, {dead} WHERE seq = 42")
+        conn.execute(f"UPDATE harel_spawns SET seq = -seq, {dead} WHERE seq = 7")
+        conn.execute(f"UPDATE harel_timers SET {dead} WHERE execution_id = 'order-1a2b'")
+        at = datetime(2026, 12, 1, 10, 30, tzinfo=timezone.utc).timestamp()  # ls --since
+        conn.execute("UPDATE harel_executions SET updated_at = ? WHERE id = 'stuck-42'", (at,))
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("seed") / "seed.db"
+    seed(path)
+    return path
+
+
+def test_every_command_with_examples_is_covered() -> None:
+    named = {example.split()[1] for example in EXAMPLES}
+    assert named == {c.name for c in COMMANDS if c.epilog and "examples:" in c.epilog} - {"migrate"}
+    assert any("| jq" in example for example in EXAMPLES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_the_example_runs_as_written(example: str, seeded: Path, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    jq = bin_dir / "jq"
+    jq.write_text(JQ.replace("PYTHON", sys.executable), encoding="utf-8")
+    jq.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    database = work / "state.db"
+    shutil.copy(seeded, database)
+    with closing(sqlite3.connect(database)) as conn, conn:  # due, and for a second only
+        conn.execute(
+            "UPDATE harel_timers SET fire_at = ? WHERE path = 'main.retry'", (time.time() - 1,)
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(CLI.parent), env.get("PATH", "")])
+    env["HAREL_DATABASE_URL"] = str(database)
+    run = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {example}"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+        timeout=120,
+    )
+    assert "Traceback" not in run.stderr, run.stderr
+    if example in FAILS_ON_PURPOSE:
+        assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, run.stderr
+        return
+    assert run.returncode == 0, (run.stdout, run.stderr)
+    assert run.stdout.strip(), "an example that prints nothing shows nothing"
+    if "--json" in example and "|" not in example:
+        for line in run.stdout.splitlines():
+            json.loads(line)
