@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from harel_store.batch import Batch, Request, drive, shape
+from harel_store.connection.local import why_not
+from harel_store.connection.revision import KNOWN, ensure_schema, revision
 from harel_store.connection.url import (
     DEFAULT_DATABASE,
     alembic_url,
@@ -13,19 +18,27 @@ from harel_store.connection.url import (
     parse_database,
     token_from_env,
 )
-from harel_store.sql import SQL_DIR, resource, split_statements
+from harel_store.errors import translate
+from harel_store.sql import _MIGRATION_FILE, SQL_DIR, resource, split_statements
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from alembic.operations.ops import MigrationScript
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import Connection
 
 __all__ = [
     "DEFAULT_DATABASE",
     "MIGRATIONS_DIR",
     "alembic_config",
     "database_from_env",
+    "driver_failure",
     "migration_hint",
+    "number_revision",
     "parse_database",
+    "refuse_unknown_revision",
     "run_sql",
+    "sqlalchemy_execute",
     "sqlalchemy_url",
     "token_from_env",
 ]
@@ -60,3 +73,126 @@ def alembic_config(database: str) -> Config:
 
 
 sqlalchemy_url = alembic_url  # its older name
+
+
+# ----------------------------------------------------------------- failures, in the store's words
+
+
+def driver_failure(exc: BaseException, where: str, *, local: bool, secrets: tuple[str, ...]) -> str:
+    """A driver's error under Alembic as the store says it (`translate`: a refused token, a
+    busy database), and a local file that cannot be opened as the CLI says it (``cannot open
+    WHERE: why``); never a secret."""
+    text = str(translate(exc, secrets, quoted=where if local else ""))
+    why = why_not(text) if local else text
+    return text if why == text else f"cannot open {where}: {why}"
+
+
+def sqlalchemy_execute(connection: Connection) -> Callable[[Request], Any]:
+    """A plan's statements (`harel_store.batch`) run on an SQLAlchemy connection, Alembic's:
+    a plan reads the database through the connection and transaction the migration uses."""
+
+    def execute(request: Request) -> Any:
+        if isinstance(request, Batch):
+            raise TypeError("only a plan's single statements run on Alembic's connection")
+        query, params = request
+        result = connection.exec_driver_sql(query.sql, tuple(params))
+        rows = [tuple(row) for row in result.fetchall()] if result.returns_rows else []
+        return shape(query, rows, result.rowcount)
+
+    return execute
+
+
+def refuse_unknown_revision(execute: Callable[[Request], Any], where: str) -> None:
+    """Raise the store's SchemaError (``WHERE is at schema revision '9999', which this
+    version of harel-store does not know ...``) when the database is at a revision this
+    version does not know; return when it is at a known one, or at none."""
+    current = drive(execute, revision())
+    if current is not None and current not in KNOWN:
+        drive(execute, ensure_schema(where, migrate=False))  # raises it, in its words
+
+
+# ------------------------------------------------------------------------ alembic revision
+
+FILE_TEMPLATE = "%(rev)s_%(slug)s"  # alembic.ini's file_template (and Alembic's default)
+_NUMBER = re.compile(r"\d{4}")
+
+
+def _slug(message: str, limit: int) -> str:
+    """The name Alembic gives a revision's file from its message (``add a thing``:
+    ``add_a_thing``), cut as Alembic cuts it."""
+    slug = "_".join(re.findall(r"\w+", message)).lower()
+    if len(slug) > limit:
+        slug = slug[:limit].rsplit("_", 1)[0] + "_"
+    return slug
+
+
+def number_revision(
+    context: MigrationContext, _revision: object, directives: list[MigrationScript]
+) -> None:
+    """Alembic's ``process_revision_directives`` for ``alembic revision -m "what it does"``:
+    the new revision is the next four-digit number after the head (``0008`` after ``0007``),
+    its file ``versions/0008_what_it_does.py``, and the two SQL files it runs are made, holding
+    only a comment, as ``sql/migrations/0008_what_it_does.up.sql`` and ``.down.sql`` beside
+    the scripts' folder. Anything that would break the numbered chain is a CommandError, and
+    then nothing is written."""
+    from alembic.util import CommandError
+
+    scripts = context.script
+    if scripts is None or not directives:
+        raise CommandError("alembic revision: no script directory to number the revision in")
+    new = directives[0]
+    if scripts.file_template != FILE_TEMPLATE:
+        raise CommandError(
+            f"file_template must be {FILE_TEMPLATE.replace('%', '%%')} in alembic.ini, not "
+            f"{scripts.file_template.replace('%', '%%')}: a revision's file is NNNN_name.py"
+        )
+    heads = scripts.get_heads()
+    if len(heads) > 1:
+        raise CommandError(
+            f"the revisions have {len(heads)} heads ({', '.join(sorted(heads))}): the chain"
+            " must be one line, each revision after the one before it"
+        )
+    if new.head not in (None, "head", *heads):
+        raise CommandError(f"a new revision follows the head ({', '.join(heads)}), not {new.head}")
+    revisions = [script.revision for script in scripts.walk_revisions()]
+    odd = [rev for rev in revisions if not _NUMBER.fullmatch(rev)]
+    if odd:
+        raise CommandError(f"revision {odd[0]!r} is not numbered NNNN like the others")
+    number = max(map(int, revisions), default=0) + 1
+    rev = f"{number:04d}"
+    if number > 9999:
+        raise CommandError("the revisions are numbered 0001 to 9999: there is no next one")
+    if new.rev_id is not None and _NUMBER.fullmatch(new.rev_id) and new.rev_id != rev:
+        raise CommandError(
+            f"the next revision is {rev}, not {new.rev_id}: they are numbered in order"
+        )
+    message = new.message or ""
+    slug = _slug(message, scripts.truncate_slug_length)
+    name = f"{rev}_{slug}"
+    if not slug:
+        raise CommandError(
+            "a revision is named from its message: alembic revision -m 'what it does'"
+        )
+    if _MIGRATION_FILE.match(f"{name}.up.sql") is None:
+        raise CommandError(
+            f"a revision is named from its message in ASCII letters, digits and _ "
+            f"({message!r} makes {slug!r}): alembic revision -m 'what it does'"
+        )
+    template_args = context.opts.get("template_args")
+    if template_args is None:
+        raise CommandError("alembic revision: Alembic gave env.py no template arguments")
+    folder = Path(scripts.dir).parent / "sql" / "migrations"
+    if not folder.is_dir():
+        raise CommandError(f"no folder {folder} for the revision's SQL files")
+    files = [folder / f"{name}.{way}.sql" for way in ("up", "down")]
+    for path in files:
+        if path.exists():
+            raise CommandError(f"{path} is there already")
+    for path, what in zip(files, ("upgrade", "downgrade, undoing the .up.sql"), strict=True):
+        path.write_text(
+            f"-- {name}: {' '.join(message.split())}\n"
+            f"-- The {what}: plain SQL, run in the migration's transaction.\n",
+            encoding="utf-8",
+        )
+    template_args["migration_name"] = name  # script.py.mako names the two files
+    new.rev_id = rev

@@ -1,23 +1,41 @@
-"""Alembic environment: SQLite DDL is transactional, so every migration is one transaction."""
+"""Alembic environment: SQLite DDL is transactional, so every migration is one transaction.
+
+A failure is one line in the store's words, the one `harel-store migrate` prints: Alembic's
+command line shows a CommandError as ``FAILED: <message>``, with no traceback.
+"""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
+from alembic.util import CommandError
 from sqlalchemy import Engine, create_engine, event, pool
 from sqlalchemy.dialects import registry
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy_libsql.libsql import SQLiteDialect_libsql
 
+from harel_store.batch import drive
+from harel_store.connection import open_libsql
 from harel_store.connection.local import FileHold, hold_file, holder, import_libsql
+from harel_store.connection.revision import revision
 from harel_store.connection.url import (
     DEFAULT_DATABASE,
+    DatabaseURL,
     alembic_url,
     database_from_env,
     parse_database,
     token_from_env,
+)
+from harel_store.errors import StoreError, scrub
+from harel_store.migrate import (
+    driver_failure,
+    number_revision,
+    refuse_unknown_revision,
+    sqlalchemy_execute,
 )
 
 config = context.config
@@ -30,25 +48,77 @@ if (
 ):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-# `harel-store migrate` hands the database over in config.attributes["url"]; else -x url=,
-# else $HAREL_DATABASE_URL, $TURSO_DATABASE_URL, alembic.ini's sqlalchemy.url, harel.db.
-# Any form the store reads; a token in it (authToken=) wins over the environment's.
-database = parse_database(
-    database_from_env(
-        config.attributes.get("url") or context.get_x_argument(as_dictionary=True).get("url"),
-        default=config.get_main_option("sqlalchemy.url") or DEFAULT_DATABASE,
-    ),
-    token_from_env(),
-)
-url = alembic_url(database)
 options: dict[str, Any] = {"transactional_ddl": True}
 # How long an upgrade of a local file waits for another process's upgrade (the driver's
 # default is not to wait at all: "database is locked").
 BUSY_TIMEOUT_MS = 60_000
 
 
+class MigrationFailed(CommandError, StoreError):
+    """A failure in the store's words, on one line and never with a token: Alembic's command
+    line prints it as ``FAILED: ...`` (a CommandError), `harel-store migrate` as its own error
+    line (a StoreError), neither with a traceback."""
+
+    def __init__(self, text: str, database: DatabaseURL | None = None) -> None:
+        secrets = (database.auth_token,) if database is not None else ()
+        super().__init__(" ".join(scrub(text, secrets).split()))
+
+
+def target() -> tuple[str, DatabaseURL]:
+    """The database as given, and as read: `harel-store migrate` hands it over in
+    config.attributes["url"]; else -x url=, else $HAREL_DATABASE_URL, $TURSO_DATABASE_URL,
+    alembic.ini's sqlalchemy.url, harel.db. Any form the store reads; a token in it
+    (authToken=) wins over the environment's."""
+    try:
+        given = database_from_env(
+            config.attributes.get("url") or context.get_x_argument(as_dictionary=True).get("url"),
+            default=config.get_main_option("sqlalchemy.url") or DEFAULT_DATABASE,
+        )
+        return given, parse_database(given, token_from_env())
+    except (ValueError, TypeError) as exc:  # it names what is wrong, never a token
+        raise MigrationFailed(str(exc)) from None
+
+
+def scripts_only() -> bool:
+    """Whether Alembic runs env.py for its scripts alone (alembic.ini's revision_environment
+    = true): `alembic revision`, from the command line or `command.revision`, `merge`, and
+    `history` without --indicate-current. Such a run opens no database (`alembic revision`
+    in a checkout would otherwise create harel.db and its version table)."""
+    # Alembic keeps its command's options on the EnvironmentContext env.py runs in, which
+    # `alembic.context` stands for; it has no public accessor.
+    environment = getattr(context, "_proxy", None)
+    if "revision_context" in getattr(environment, "context_opts", {}):
+        return True
+    cmd = getattr(config.cmd_opts, "cmd", None)
+    name = getattr(cmd[0], "__name__", "") if cmd else ""
+    return name == "merge" or (
+        name == "history" and not getattr(config.cmd_opts, "indicate_current", False)
+    )
+
+
+def run_for_scripts() -> None:
+    """No database: Alembic's work function gets no revision, and `alembic revision` numbers
+    the new revision after the head (`harel_store.migrate.number_revision`)."""
+    chatter = logging.getLogger("alembic.runtime.migration")
+    level = chatter.level
+    chatter.setLevel(logging.WARNING)  # not "Generating static SQL": there is none
+    try:
+        context.configure(
+            dialect_name="sqlite",
+            as_sql=True,  # no connection: nothing is read, and nothing is printed
+            process_revision_directives=number_revision,
+            **options,
+        )
+    finally:
+        chatter.setLevel(level)
+    context.run_migrations()
+
+
 def run_migrations_offline() -> None:
-    context.configure(url=url, literal_binds=True, transaction_per_migration=True, **options)
+    _, database = target()
+    context.configure(
+        url=alembic_url(database), literal_binds=True, transaction_per_migration=True, **options
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -85,14 +155,50 @@ def local_engine(path: str) -> tuple[Engine, FileHold]:
     return create_engine("sqlite+harel_libsql://", creator=connect, poolclass=pool.NullPool), hold
 
 
+def reach(given: str, database: DatabaseURL) -> None:
+    """Read a server's revision through the store's own connection before Alembic's driver
+    is given the server: one that cannot be reached, answers without TLS, or refuses the
+    token is then the store's one line, the one `harel-store migrate` prints (with its hint:
+    ``... the server answered without TLS: for a plain-HTTP server use http://host:port``),
+    not the driver's traceback."""
+    try:
+        conn = open_libsql(given, auth_token=token_from_env())
+        try:
+            drive(conn.execute, revision())
+        finally:
+            conn.close()
+    except (StoreError, ValueError) as exc:  # ValueError: a token that cannot be a header
+        raise MigrationFailed(str(exc), database) from exc
+
+
 def run_migrations_online() -> None:
+    given, database = target()
+    local = database.local is not None
+    if not local:
+        reach(given, database)
+    try:
+        migrate_online(database)
+    except CommandError:  # Alembic's own, or ours (MigrationFailed): one line already
+        raise
+    except StoreError as exc:  # the store's (a file another library holds, a schema error)
+        raise MigrationFailed(str(exc), database) from exc
+    except (ValueError, DBAPIError) as exc:  # the drivers': libsql raises ValueError
+        cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        secrets = (database.auth_token,) if database.auth_token else ()
+        text = driver_failure(cause, database.where, local=local, secrets=secrets)
+        raise MigrationFailed(text, database) from exc
+
+
+def migrate_online(database: DatabaseURL) -> None:
     token = database.auth_token  # sqlalchemy-libsql 0.2.0 would not send one in the URL
     hold = None
     if database.local is not None and database.local != ":memory:":
         engine, hold = local_engine(database.local)
     else:
         engine = create_engine(
-            url, poolclass=pool.NullPool, connect_args={"auth_token": token} if token else {}
+            alembic_url(database),
+            poolclass=pool.NullPool,
+            connect_args={"auth_token": token} if token else {},
         )
 
     # The libsql driver never opens a transaction before DDL, so a failed migration would
@@ -116,14 +222,22 @@ def run_migrations_online() -> None:
         with engine.connect() as connection:
             context.configure(connection=connection, **options)
             with context.begin_transaction():
-                context.run_migrations()
+                try:
+                    context.run_migrations()
+                except CommandError:
+                    # Alembic's "Can't locate revision identified by '9999'": a database
+                    # ahead of this code, said as the store says it (SchemaError).
+                    refuse_unknown_revision(sqlalchemy_execute(connection), database.where)
+                    raise
         engine.dispose()
     finally:
         if hold is not None:
             hold.release()
 
 
-if context.is_offline_mode():
+if scripts_only():
+    run_for_scripts()
+elif context.is_offline_mode():
     run_migrations_offline()
 else:
     run_migrations_online()

@@ -1,12 +1,14 @@
+<% name = context.get("migration_name", up_revision + "_NAME") %>\
 """${message}
 
 Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 
-The body of this migration is plain SQL: write sql/migrations/${up_revision}_<name>.up.sql
-and .down.sql, update sql/schema.sql to match, and name the files below. A migration must
-work with the code before it and after it (both run during a rolling upgrade).
+The body of this migration is plain SQL: sql/migrations/${name}.up.sql and .down.sql
+(`alembic revision` made them, holding a comment). Write them, and update sql/schema.sql to
+match. A migration must work with the code before it and after it (both run during a
+rolling upgrade).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ depends_on: str | None = ${repr(depends_on)}
 
 
 def upgrade() -> None:
-    run_sql("${up_revision}_NAME.up.sql")
+    run_sql("${name}.up.sql")
 
 
 def downgrade() -> None:
-    run_sql("${up_revision}_NAME.down.sql")
+    run_sql("${name}.down.sql")
