@@ -20,20 +20,35 @@ STATUSES: tuple[str, ...] = ("running", "finished", "failed", "cancelled")
 
 
 class Execution(BaseModel):
-    """One statechart execution. ``version`` is the optimistic-concurrency counter."""
+    """One statechart execution, as the engine keeps it between events.
+
+    ``version`` is the optimistic-concurrency counter: a write (`save`, `commit`) succeeds
+    only if the stored version is still the one the execution was read at, and then adds
+    one. An execution at version 0 has never been stored: its first write inserts it (and
+    fails with `StoreConflict` if the id is taken). Fields other than these are kept too
+    (``extra="allow"``), inside the stored JSON."""
 
     # NaN/Infinity serialize as bare tokens (not a silent null) so the store can refuse them.
     model_config = ConfigDict(validate_assignment=True, extra="allow", ser_json_inf_nan="constants")
 
     id: Id
+    """The execution's key: any non-empty string up to 512 characters, without NUL."""
     definition_id: Id
+    """The statechart it runs (see `publish_definition`)."""
     version: int = Field(default=0, ge=0, strict=True)
+    """Writes so far: 0 until the first one; the store raises it by one on each."""
     status: Status = "running"
+    """``running``, ``finished``, ``failed`` or ``cancelled`` (the last three are final)."""
     outcome: str | None = None
+    """What a final execution ended with, as the engine names it."""
     active_path: str | None = None
+    """The engine's active state configuration (a path such as ``main.placed``)."""
     parent_id: Id | None = None
+    """The execution that spawned this one (None: a root)."""
     finished_at: float | None = Field(default=None, allow_inf_nan=False)
+    """Epoch seconds when it reached a final status, as the engine records it."""
     context: dict[str, Any] = Field(default_factory=dict)
+    """The execution's data (JSON: strings, finite numbers, booleans, None, lists, dicts)."""
 
 
 def _new_id() -> str:
@@ -46,8 +61,12 @@ class Event(BaseModel):
     model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     name: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
+    """The event's name, as the statechart's transitions name it."""
     id: Id = Field(default_factory=_new_id)
+    """Its dedupe key, generated (32 hex digits) unless given: the receiver commits it as its
+    ``processed_event_id``, so a redelivered event is seen as handled."""
     payload: dict[str, Any] = Field(default_factory=dict)
+    """The event's data (JSON)."""
 
 
 class TimerOp(BaseModel):
@@ -77,17 +96,32 @@ class TimerOp(BaseModel):
 
 
 class OutboxEntry(NamedTuple):
+    """An emitted event waiting for delivery (a commit's ``emits`` item ``(target_id,
+    event)``), as the relays read it; consume it with `ack`, or `commit(..., acks=)`."""
+
     seq: int
+    """Its place in the outbox: entries are delivered oldest (lowest) first."""
     target_id: str | None
+    """The execution to deliver it to; None: not addressed to an execution (an event for
+    the outside world: the engine's relay decides where it goes)."""
     event: Event
+    """The event, with the ``id`` the receiver dedupes it by."""
 
 
 class SpawnEntry(NamedTuple):
+    """A child execution to create (a commit's ``spawns`` item ``(child_id, root_path,
+    context)``), as the relays read it; consume it with `ack`, or `commit(..., acks=)`."""
+
     seq: int
+    """Its place in the spawn queue, oldest first."""
     parent_id: str
+    """The execution whose commit asked for the child."""
     child_id: str
+    """The new execution's id."""
     root_path: str
+    """The state the child starts in."""
     context: dict[str, Any]
+    """The child's initial context (JSON)."""
 
 
 class DueTimer(NamedTuple):
@@ -208,7 +242,10 @@ class ExecutionPage(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     items: list[ExecutionSummary]
+    """This page's executions (iterate ``page.items``: iterating the page itself yields
+    pydantic's field pairs)."""
     next_cursor: str | None = None
+    """Pass it as ``cursor=`` for the next page; None on the last."""
 
 
 class DefinitionRecord(BaseModel):

@@ -1,16 +1,31 @@
-"""The README documents every public method, and the async twin mirrors the sync store."""
+"""The documentation: every public method in the methods table, every public name (and each
+model's fields, each store method) in the API reference built from the docstrings, every
+Python block of the README and of docs/ run as written (its shown output compared), and the
+async twin mirroring the sync store."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from harel_store import AsyncLibsqlStore, LibsqlStore
+import pytest
+from pydantic import BaseModel
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+import harel_store
+from harel_store import AsyncLibsqlStore, LibsqlStore
+from harel_store.store import StoreStats
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+# The methods tables: the engine's (reference/methods.md) and the operator's (operate.md).
+METHODS = "".join((DOCS / p).read_text() for p in ("reference/methods.md", "how-to/operate.md"))
 
 
 def public_methods(cls: type) -> set[str]:
@@ -22,9 +37,90 @@ def public_methods(cls: type) -> set[str]:
     }
 
 
-def test_every_public_method_is_in_the_readme() -> None:
-    missing = sorted(m for m in public_methods(LibsqlStore) if f"`{m}(" not in README)
+def test_every_public_method_is_in_the_methods_table() -> None:
+    missing = sorted(m for m in public_methods(LibsqlStore) if f"`{m}(" not in METHODS)
     assert missing == []
+
+
+def test_the_readme_is_a_front_door() -> None:
+    assert len(README.splitlines()) <= 200
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / link).is_file(), link
+
+
+def fields(cls: type) -> list[str]:
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return list(getattr(cls, "_fields", ()))
+
+
+def test_the_api_reference_holds_every_public_name(tmp_path: Path) -> None:
+    """Built as .ci/run builds it (strict: a broken link or reference fails), then read."""
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    build = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(mkdocs.parent)},
+    )
+    assert build.returncode == 0, build.stderr
+    page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    ids = set(re.findall(r'id="(harel_store\.[\w.]+)"', page))
+    expected = {f"harel_store.{name}" for name in harel_store.__all__}
+    classes = {f"harel_store.{n}": getattr(harel_store, n) for n in harel_store.__all__}
+    classes["harel_store.store.StoreStats"] = StoreStats
+    for path, cls in classes.items():
+        expected |= {f"{path}.{name}" for name in fields(cls)}
+    for store in ("LibsqlStore", "SqliteStore", "AsyncLibsqlStore"):
+        cls = getattr(harel_store, store)
+        expected |= {f"harel_store.{store}.{m}" for m in public_methods(cls)}
+    assert sorted(expected - ids) == []
+
+
+def python_blocks(text: str) -> list[tuple[str, str | None]]:
+    """Each ```python block, with the ```text block right after it (its output) if any."""
+    pattern = r"```python\n(.*?)```(?:\s*\n```text\n(.*?)```)?"
+    return [(code, shown) for code, shown in re.findall(pattern, text, re.S)]
+
+
+RUNNER = """
+import contextlib, io, json, sys
+blocks = json.load(sys.stdin)
+scope = {"__name__": "__main__"}
+outputs = []
+for number, code in enumerate(blocks):
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        exec(compile(code, f"block {number + 1}", "exec"), scope)
+    outputs.append(buffer.getvalue())
+print(json.dumps(outputs))
+"""
+
+
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if "```python" in p.read_text()], ids=lambda p: p.name
+)
+def test_every_python_block_of_the_page_runs_in_order(page: Path, tmp_path: Path) -> None:
+    """The blocks of one page run in one session, in order, in an empty folder; a block
+    followed by a ```text block prints exactly that."""
+    blocks = python_blocks(page.read_text())
+    run = subprocess.run(
+        [sys.executable, "-c", RUNNER],
+        input=json.dumps([code for code, _ in blocks]),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    outputs = json.loads(run.stdout.splitlines()[-1])
+    for (_code, shown), printed in zip(blocks, outputs, strict=True):
+        if shown:
+            assert printed == shown
 
 
 def test_the_async_twin_has_every_method_of_the_sync_store() -> None:
