@@ -1,12 +1,15 @@
-"""Every example of every command's --help runs as written, against a database that holds
-what the examples name: one shell line each, on its own copy, with `jq` at the end of a
-pipe (a small stand-in that reads JSON documents and picks a path, so a pipe of anything
-but JSON fails). migrate's examples run in order in tests/test_migrate_sql.py."""
+"""Every example of every command's --help, and every `harel-store` line of the operator
+guide (docs/how-to/operate.md), runs as written against a database that holds what they
+name: one shell line each, on its own copy, with `jq` at the end of a pipe (a small
+stand-in that reads JSON documents and picks a path, so a pipe of anything but JSON fails).
+Where the guide shows a command's output (`$ harel-store status`), the output has the rows
+it shows. migrate's --help examples also run in order in tests/test_migrate_sql.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -54,6 +57,24 @@ def examples() -> list[str]:
     return found
 
 
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "operate.md"
+
+
+def guide() -> tuple[list[str], dict[str, list[str]]]:
+    """The guide's command lines, and for a `$ ` line the first word of each output row."""
+    lines, shown = [], {}
+    for block in re.findall(r"```sh\n(.*?)```", GUIDE.read_text(), re.S):
+        rows = block.splitlines()
+        for number, row in enumerate(rows):
+            if row.startswith(f"$ {PROG} "):
+                lines.append(row[2:])
+                shown[row[2:]] = [r.split()[0] for r in rows[number + 1 :] if r.strip()]
+            elif row.startswith(f"{PROG} "):
+                lines.append(row.split("#")[0].strip())
+    return lines, shown
+
+
+GUIDE_LINES, SHOWN = guide()
 EXAMPLES = examples()
 
 
@@ -107,7 +128,11 @@ def test_every_command_with_examples_is_covered() -> None:
     assert any("| jq" in example for example in EXAMPLES)
 
 
-@pytest.mark.parametrize("example", EXAMPLES)
+def test_the_guide_has_commands_and_shows_an_output() -> None:
+    assert len(GUIDE_LINES) > 20 and SHOWN
+
+
+@pytest.mark.parametrize("example", EXAMPLES + [g for g in GUIDE_LINES if g not in EXAMPLES])
 def test_the_example_runs_as_written(example: str, seeded: Path, tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -138,7 +163,10 @@ def test_the_example_runs_as_written(example: str, seeded: Path, tmp_path: Path)
         assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, run.stderr
         return
     assert run.returncode == 0, (run.stdout, run.stderr)
-    assert run.stdout.strip(), "an example that prints nothing shows nothing"
+    if ">" not in example and not example.startswith(f"{PROG} migrate"):
+        assert run.stdout.strip(), "an example that prints nothing shows nothing"
+    if example in SHOWN:
+        assert [row.split()[0] for row in run.stdout.splitlines()] == SHOWN[example]
     if "--json" in example and "|" not in example:
         for line in run.stdout.splitlines():
             json.loads(line)
