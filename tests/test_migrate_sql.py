@@ -235,7 +235,7 @@ def test_a_revision_this_version_does_not_know_is_one_line(tmp_path: Path) -> No
     line = failed(cli("migrate", "--sql", "--url", str(path)))
     assert line == (
         f"harel-store: error: {path} is at schema revision '0099', which this version of "
-        f"harel-store does not know (its head is {HEAD}): upgrade harel-store"
+        f"harel-store does not know (its head is '{HEAD}'): upgrade harel-store"
     )
     untouched(path, before)
 

@@ -31,7 +31,7 @@ from harel_store.connection.local import (
     import_libsql,
     why_not,
 )
-from harel_store.connection.revision import revision
+from harel_store.connection.revision import revision, unknown_revision
 from harel_store.errors import StoreError, is_driver_error, translate
 from harel_store.migrate import alembic_config
 from harel_store.schema import Schema, describe, diff, head_schema
@@ -118,10 +118,7 @@ def script_plan(where: str, to: str) -> tuple[str, str] | None:
     else:
         start, end = read_revision(where), _revision(to)
         if start is not None and start not in KNOWN:
-            raise Failure(
-                f"{show(where)} is at schema revision {start!r}, which this version of "
-                f"{PROG} does not know (its head is {HEAD}): upgrade {PROG}"
-            )
+            raise Failure(unknown_revision(show(where), start))
         if start == end:
             print(f"{PROG}: {show(where)} is at {_label(start)}: nothing to do", file=sys.stderr)
             return None
@@ -216,10 +213,7 @@ def drift(where: str) -> tuple[str | None, list[str]]:
     if current is None:
         raise Failure(f"{show(where)} has no harel-store schema: {_migrate_hint(where)}")
     if current not in KNOWN:
-        raise Failure(
-            f"{show(where)} is at schema revision {current!r}, which this version of {PROG}"
-            f" does not know (its head is {HEAD}): upgrade {PROG} to check it"
-        )
+        raise Failure(unknown_revision(show(where), current))
     if current == HEAD:
         return current, diff(head_schema(), live)
     return current, diff(schema_at(current), live, expected_name=f"revision {current}")

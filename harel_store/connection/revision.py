@@ -38,14 +38,20 @@ def migration_batch(migration: Migration, current: str | None) -> Batch:
     return batch
 
 
+def unknown_revision(where: str, current: str) -> str:
+    """What a database at a revision this version does not know is told (a newer
+    harel-store migrated it)."""
+    return (
+        f"{where} is at schema revision {current!r}, which this version of "
+        f"harel-store does not know (its head is {HEAD!r}): upgrade harel-store"
+    )
+
+
 def ensure_schema(where: str, migrate: bool) -> Plan[None]:
     """Check the database is at head, or bring it there when ``migrate``; SchemaError if not."""
     current = yield from revision()
     if current is not None and current not in KNOWN:
-        raise SchemaError(
-            f"{where} is at schema revision {current!r}, which this version of "
-            f"harel-store does not know (its head is {HEAD!r}): upgrade harel-store"
-        )
+        raise SchemaError(unknown_revision(where, current))
     if current != HEAD and not migrate:
         state = "has no harel-store schema" if current is None else f"is at {current!r}"
         raise SchemaError(
