@@ -431,8 +431,8 @@ def test_the_wheel_carries_sql_and_migrations_and_migrates_outside_the_repo(
     )  # fmt: skip
     assert version.stdout.split() == ["harel-store", harel_store.__version__]
 
-    # Plain Alembic from the installed wheel, with the README's minimal ini (no logging
-    # sections: env.py used to fail on them with KeyError 'formatters').
+    # Plain Alembic from the installed wheel, with the minimal ini of docs/how-to/operate.md
+    # (no logging sections: env.py used to fail on them with KeyError 'formatters').
     (work / "alembic.ini").write_text("[alembic]\nscript_location = harel_store:migrations\n")
     alembic = subprocess.run(
         [sys.executable, "-m", "alembic", "-x", "url=a.db", "upgrade", "head"],
