@@ -3,6 +3,7 @@ loopback. Not a test: the figures depend on the machine.
 
     python -m benchmarks.http_client            # ~30 s
     python -m benchmarks.http_client -n 500     # fewer requests per run
+    python -m benchmarks.http_client --smoke    # every run once, tiny: that it works (~2 s)
 
 Each run posts ``SELECT 1`` as one Hrana pipeline, ``-n`` times after a warm-up of 100:
 sequentially (sync and async), then from 16 tasks at once (async). CPU is this process's
@@ -41,6 +42,7 @@ HEADERS = {"Content-Type": "application/json"}
 TIMEOUT = 10.0
 WARMUP = 100
 TASKS = 16
+SMOKE = 2 * TASKS  # requests a run in --smoke: each of the 16 tasks sends some
 
 
 def check(status: int, body: bytes) -> None:
@@ -118,7 +120,14 @@ def run(url: str, n: int) -> dict[str, tuple[float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=2000, help="requests per run (default 2000)")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"-n {SMOKE}: every run once, the figures meaningless"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.n = SMOKE
+    if args.n < TASKS:
+        parser.error(f"-n must be at least {TASKS} (the tasks of the concurrent runs)")
     with SqldServer() as server:  # started on entry
         results = run(server.url, args.n)
     print(f"{args.n} requests of SELECT 1 per run; per request:\n")

@@ -4,11 +4,15 @@ a few percent in the write path shows. Not a test.
 
     python -m benchmarks.instructions                 # this tree against HEAD~1
     python -m benchmarks.instructions --against REV   # this tree against another revision
+    python -m benchmarks.instructions --smoke         # that it works: HEAD, one row (~45 s)
 
 Each figure is (instructions of 400 commits - instructions of 100 commits) / 300, so start-up
 and imports cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer
 schedule and (with trace) one trace step. The other revision is exported with ``git
-archive`` into a temporary folder and run with the same interpreter.
+archive`` into a temporary folder and run with the same interpreter. ``--smoke`` runs the
+same on the smallest workload, sqlite without trace, of 10 and 40 commits, against HEAD (a
+fresh clone has it): four callgrind runs, each mostly the interpreter's start-up, so its
+figure says nothing.
 """
 
 from __future__ import annotations
@@ -55,25 +59,37 @@ def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
     return int(totals[1])
 
 
-def per_commit(tree: Path, driver: str, trace: str) -> float:
-    return (instructions(tree, driver, trace, 400) - instructions(tree, driver, trace, 100)) / 300
+COMMITS_RUNS = (100, 400)  # commits of the two runs a figure is the difference of
+ROWS = [(driver, trace) for driver in ("sqlite", "libsql") for trace in ("trace", "no-trace")]
+
+
+def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int] = COMMITS_RUNS) -> float:
+    fewer, more = runs
+    return (instructions(tree, driver, trace, more) - instructions(tree, driver, trace, fewer)) / (
+        more - fewer
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", default="HEAD~1", metavar="REV")
+    parser.add_argument("--against", metavar="REV", help="the revision to compare (HEAD~1)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="sqlite no-trace, 10 and 40 commits, against HEAD"
+    )
     args = parser.parse_args()
+    against = args.against or ("HEAD" if args.smoke else "HEAD~1")
+    runs, rows = ((10, 40), [("sqlite", "no-trace")]) if args.smoke else (COMMITS_RUNS, ROWS)
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
-            ["git", "archive", args.against], cwd=ROOT, check=True, capture_output=True
+            ["git", "archive", against], cwd=ROOT, check=True, capture_output=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        print(f"instructions per commit, in memory: this tree / {args.against}")
-        for driver in ("sqlite", "libsql"):
-            for trace in ("trace", "no-trace"):
-                new, old = per_commit(ROOT, driver, trace), per_commit(Path(tmp), driver, trace)
-                label = f"{driver} {trace}"
-                print(f"  {label:<16} {new:>9,.0f} / {old:>9,.0f} = {new / old:.3f}", flush=True)
+        print(f"instructions per commit, in memory: this tree / {against}")
+        for driver, trace in rows:
+            new = per_commit(ROOT, driver, trace, runs)
+            old = per_commit(Path(tmp), driver, trace, runs)
+            label = f"{driver} {trace}"
+            print(f"  {label:<16} {new:>9,.0f} / {old:>9,.0f} = {new / old:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ across.
     python -m benchmarks.relays              # full: ~4-6 minutes on 2 cores (section 4: ~2)
     python -m benchmarks.relays --quick      # fewer entries and repetitions (~2-3 minutes)
     python -m benchmarks.relays --only 4b    # one section (a number: all its parts)
+    python -m benchmarks.relays --smoke      # every section once, tiny: that it works
 
 1. Drains: the outbox seeded with bulk SQL (a recursive CTE; each event ``{"name": "n",
    "id": "<seq>", "payload": {}}``), then 1, 2 and 4 worker *processes* (a pool of
@@ -76,7 +77,7 @@ the delivery and relay-runtime files are the store's alone, seeded through it (s
 through a store not behind the proxy; a file for the AsyncRelay through a LibsqlStore closed
 before the async store opens it). Prints a table and writes JSON to
 ``benchmarks/results/relays-<timestamp>.json`` (the seconds of each section in its
-``meta``).
+``meta``; ``--smoke``: not written, its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -128,8 +129,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 LIMIT = 100  # entries a claim asks for
 NOW = 1e9  # the timer sweep's "now": every seeded timer is due
-SIZES = (1_000, 1_000_000)  # pending rows for the claim cost
-DEAD = 100_000  # dead letters of each kind beside the larger backlog
+SIZES = (1_000, 1_000_000)  # pending rows for the claim cost (--smoke: fewer)
+DEAD = 100_000  # dead letters of each kind beside the larger backlog (--smoke: fewer)
 MAX_ATTEMPTS = 10  # the relay runtime's default
 TARGETS = 100  # executions the engine-like delivery addresses
 TARGET_DEF = "relay-bench-target"
@@ -191,6 +192,8 @@ class Plan:
     relay_link: tuple[int, int]  # events on the link: by hand, by AsyncRelay
     wakeups: int  # commits timed to their handler, each relay
     idle_seconds: float  # an idle relay's CPU is measured over, and the baseline too
+    sizes: tuple[int, int] = SIZES  # pending rows for the claim cost, small and large
+    dead: int = DEAD  # dead letters of each kind beside the larger backlog
 
 
 QUICK = Plan(
@@ -224,6 +227,25 @@ FULL = Plan(
     relay_link=(200, 3_000),
     wakeups=200,
     idle_seconds=15.0,
+)
+# Every section once on tiny sizes: that the module works, not what it measures.
+SMOKE = Plan(
+    workers=(1, 2),
+    file_full=(2 * LIMIT, 2 * LIMIT),
+    file_normal=(2 * LIMIT, 2 * LIMIT),
+    link=(LIMIT, 2 * LIMIT),
+    no_delay=(2 * LIMIT, 2 * LIMIT),
+    delivery_file=50,
+    delivery_link=20,
+    rounds=1,
+    calls=1,
+    relay_file=50,
+    relay_reps=1,
+    relay_link=(20, 50),
+    wakeups=5,
+    idle_seconds=0.5,
+    sizes=(1_000, 2_000),
+    dead=1_000,
 )
 
 
@@ -818,11 +840,12 @@ def claimers(path: Path, dead: int) -> Iterator[dict[str, Callable[[], float]]]:
 
 
 def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
-    small, large = SIZES
-    title = f"3. claim cost (limit {LIMIT}), local file: {large:,} pending and {DEAD:,} dead"
+    sizes = plan.sizes
+    small, large = sizes
+    title = f"3. claim cost (limit {LIMIT}), local file: {large:,} pending and {plan.dead:,} dead"
     print(f"{title} / {small:,} pending", flush=True)
-    dead = {small: 0, large: DEAD}
-    paths = {n: tmp / f"claim-{n}.db" for n in SIZES}
+    dead = {small: 0, large: plan.dead}
+    paths = {n: tmp / f"claim-{n}.db" for n in sizes}
     for n, path in paths.items():
         took = claim_db(path, n, dead[n])
         print(
@@ -830,7 +853,7 @@ def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
             f" in {took:.1f} s",
             flush=True,
         )
-    best: dict[int, dict[str, float]] = {n: {} for n in SIZES}
+    best: dict[int, dict[str, float]] = {n: {} for n in sizes}
     with contextlib.ExitStack() as stack:
         calls = {n: stack.enter_context(claimers(path, dead[n])) for n, path in paths.items()}
         for fns in calls.values():
@@ -844,9 +867,9 @@ def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
                     best[n][name] = min(median, best[n].get(name, median))
     for name in best[small]:
         ratio = best[large][name] / best[small][name]
-        us = {str(n): round(best[n][name] * 1e6, 1) for n in SIZES}
+        us = {str(n): round(best[n][name] * 1e6, 1) for n in sizes}
         report.add(
-            f"{name}: {large // 1000}k pending + {DEAD // 1000}k dead / {small // 1000}k",
+            f"{name}: {large // 1000}k pending + {plan.dead // 1000}k dead / {small // 1000}k",
             f"{ratio:.2f}",
             "<= 2",
             ratio <= 2,
@@ -1327,6 +1350,9 @@ def bench_idle(report: Report, plan: Plan, tmp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer entries and repetitions")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every section once, tiny (no JSON written)"
+    )
     parser.add_argument("--delay-ms", type=float, default=20.0, help="the link's delay a request")
     parser.add_argument(
         "--only",
@@ -1345,7 +1371,7 @@ def main() -> None:
     def wanted(*names: str) -> bool:
         return not only or any(name.startswith(only) for name in names)
 
-    plan = QUICK if args.quick else FULL
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     report = Report()
     started = time.time()
     took: dict[str, float] = {}  # seconds a section, for the JSON
@@ -1378,7 +1404,7 @@ def main() -> None:
         section("4c", bench_wakeup, report, plan, tmp)
         section("4d", bench_idle, report, plan, tmp)
     meta = {
-        "mode": "quick" if args.quick else "full",
+        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
         "only": list(only) or None,
         "plan": asdict(plan),
         "delay_ms": args.delay_ms,
@@ -1390,14 +1416,17 @@ def main() -> None:
         "sqld": SQLD_VERSION,
         "cpus": os.cpu_count(),
     }
-    RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"relays-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n")
+    text = json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n"
+    if not args.smoke:
+        RESULTS.mkdir(exist_ok=True)
+        out.write_text(text)
     print(f"\n{'figure':<74} {'value':>16}  target")
     for key, shown, target, met in report.rows:
         flag = "" if met is None else ("ok" if met else "MISSED")
         print(f"{key:<74} {shown:>16}  {target} {flag}".rstrip())
-    print(f"\n{meta['mode']} run, {meta['seconds']} s; JSON: {out.relative_to(ROOT)}")
+    written = "not written" if args.smoke else str(out.relative_to(ROOT))
+    print(f"\n{meta['mode']} run, {meta['seconds']} s; JSON: {written}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ replica, on a link with a round-trip delay. Not a test: the figures depend on th
 
     python -m benchmarks.remote                  # ~3 minutes
     python -m benchmarks.remote --quick          # fewer repetitions (~40 s)
+    python -m benchmarks.remote --smoke          # every section once, tiny: that it works
     python -m benchmarks.remote --delay-ms 50    # another link (default: 20 ms a request)
 
 It starts its own sqld (``tests.sqld``, token auth on) and two proxies in front of it, each a
@@ -34,8 +35,9 @@ update, one emit, the dedupe marker, one timer and one trace step):
 6. whether sqld wedges: 100k commits (``--quick``: 5k; ``--wedge N``) from 32 tasks of one
    store on loopback (a wedge shows as a write that times out).
 
-Prints a table and writes it as JSON to ``benchmarks/results/remote-<timestamp>.json``. A
-store error ends the run, naming the section (a request times out after 10 s).
+Prints a table and writes it as JSON to ``benchmarks/results/remote-<timestamp>.json``
+(``--smoke``: not written, its figures mean nothing). A store error ends the run, naming the
+section (a request times out after 10 s).
 """
 
 from __future__ import annotations
@@ -381,6 +383,7 @@ class Plan:
 
 QUICK = Plan(counts=10, calls=40, run_s=1.5, cpu_calls=500, wedge=5_000)
 FULL = Plan(counts=20, calls=120, run_s=4.0, cpu_calls=2_000, wedge=100_000)
+SMOKE = Plan(counts=1, calls=5, run_s=0.4, cpu_calls=20, wedge=200)
 BARE = "one bare request (POST /v3/pipeline, SELECT 1)"
 MOST = {BARE: 1, "remote: commit": 1, "remote: load": 1, "remote: load_for_event": 1}
 MOST |= {"replica: commit + next load_for_event": 3, "replica: load": 0}
@@ -818,13 +821,16 @@ async def select_lag(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every section once, tiny (no JSON written)"
+    )
     parser.add_argument("--delay-ms", type=float, default=20.0, help="the link's delay a request")
     parser.add_argument("--proxy", type=int, metavar="PORT", help="only run a proxy to PORT")
     parser.add_argument("--wedge", type=int, metavar="N", help="commits of section 6 (0: skip)")
     args = parser.parse_args()
     if args.proxy is not None:
         return run_proxy(args.proxy, args.delay_ms)
-    plan = QUICK if args.quick else FULL
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.wedge is not None:
         plan = dataclasses.replace(plan, wedge=args.wedge)
     started = time.time()
@@ -867,9 +873,13 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "group_max": GROUP_MAX,
     }
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": report.rows}, indent=2) + "\n")
-    print(f"\n{out.relative_to(ROOT)} ({meta['seconds']} s)")
+    text = json.dumps({"meta": meta, "rows": report.rows}, indent=2) + "\n"
+    if args.smoke:
+        print(f"\nsmoke run, JSON not written ({meta['seconds']} s)")
+    else:
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(text)
+        print(f"\n{out.relative_to(ROOT)} ({meta['seconds']} s)")
     if failed is not None:
         raise failed
 

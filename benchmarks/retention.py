@@ -2,6 +2,7 @@
 
     python -m benchmarks.retention            # full: 1M finished executions (~13 min on 2 cores)
     python -m benchmarks.retention --quick    # 50k finished executions (well under a minute)
+    python -m benchmarks.retention --smoke    # 10k, every section once: that it works
 
 The dataset is seeded with bulk SQL (stdlib sqlite3, recursive CTEs) on a file the store
 migrated to head: N finished roots, each as a commit leaves it (a row with every column, its
@@ -42,15 +43,17 @@ Measured:
   (stdlib sqlite3, every libsql connection closed).
 - **WAL pages per typical commit** before / after the marker time (migration 0007), on bare
   sqlite3 connections as ``benchmarks.run`` measures them: before = migrations 0001..0006
-  in order (the previous head) with the old marker insert and no ``note_marker``; after =
+  in order (the previous head), then 0008 (the trace's ``recorded_at`` column, which the
+  trace insert of queries.sql writes), with the old marker insert and no ``note_marker``; after =
   ``sql/schema.sql`` (head) with ``mark_processed`` + ``note_marker``. A typical commit is
   one of an execution that has markers already; the commit that records an execution's
   FIRST marker (``markers_since`` NULL -> a time: an entry in ``harel_executions_markers``)
   is reported on its own, as information.
 
 Prints a table (figure, value, target, met) and writes JSON to
-``benchmarks/results/retention-<timestamp>.json``. Not a test: absolute times depend on the
-machine and its load (the file sits in the page cache: the machine's RAM holds it).
+``benchmarks/results/retention-<timestamp>.json`` (``--smoke``: not written, its figures mean
+nothing). Not a test: absolute times depend on the machine and its load (the file sits in the
+page cache: the machine's RAM holds it).
 """
 
 from __future__ import annotations
@@ -755,7 +758,9 @@ def bench_concurrent(
 
 # --- WAL pages per typical commit, before / after the marker time (0007) ---
 
-# The previous head, 0006, as the migration chain builds it.
+# The previous head, 0006, as the migration chain builds it; then 0008, which only adds the
+# trace's recorded_at column (the trace insert of queries.sql writes it), so that the two
+# shapes differ by 0007 alone.
 PREVIOUS_HEAD = tuple(
     f"migrations/{name}.up.sql"
     for name in (
@@ -765,6 +770,7 @@ PREVIOUS_HEAD = tuple(
         "0004_claims",
         "0005_times",
         "0006_dead_letters",
+        "0008_trace_times",
     )
 )
 OLD_MARK = "INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?)"
@@ -852,7 +858,7 @@ def bench_wal_markers(report: Report, tmp: Path) -> None:
             assert ("markers_since" in columns) == (shape == "after"), (shape, columns)
     figure = "WAL frames appended per commit, bare sqlite3 NORMAL (a page count): "
     what = {
-        "before": "0001..0006, the old marker insert",
+        "before": "0001..0006 + 0008, the old marker insert",
         "after": "schema.sql, mark_processed + note_marker",
     }
     for first, label in ((False, "typical"), (True, "first marker")):
@@ -882,17 +888,27 @@ def bench_wal_markers(report: Report, tmp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="50k executions (well under 1 min)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="10k executions, short caps (no JSON written)"
+    )
     parser.add_argument("--size", type=int, help="finished executions (overrides the mode's)")
     parser.add_argument("--writer", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.writer:
         writer_main(Path(args.writer[0]), float(args.writer[1]))
         return
-    n = args.size or (50_000 if args.quick else 1_000_000)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    # Finished executions (in smoke, more than the raw profile's PROFILE_BATCHES batches of
+    # 1000 remove, so the limit=250 drain after it has some left); then seconds: the writer's
+    # baseline, and the most a capped drain runs (the limit=250 one, the writer's gc pass,
+    # the ids-in-update-order one); the limit=1000 drain is never capped.
+    size, baseline, cap = {
+        "full": (1_000_000, 15.0, 45.0),
+        "quick": (50_000, 4.0, 8.0),
+        "smoke": (10_000, 0.5, 2.0),
+    }[mode]
+    n = args.size or size
     n -= n % 10
-    # Seconds: the writer's baseline, then the most a capped drain runs (the limit=250 one,
-    # the writer's gc pass, the ids-in-update-order one); the limit=1000 drain is never capped.
-    baseline, cap = (4.0, 8.0) if args.quick else (15.0, 45.0)
     report = Report()
     started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="harel-retention-"))
@@ -919,10 +935,9 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"retention-{stamp}.json"
     meta = {
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "finished_executions": n,
         "running_executions": n // 10,
         "seed_seconds": {k: round(v, 1) for k, v in seeded_in.items()},
@@ -934,14 +949,18 @@ def main() -> None:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
     }
-    out.write_text(json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n")
+    text = json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n"
+    if not args.smoke:
+        RESULTS.mkdir(exist_ok=True)
+        out.write_text(text)
     print()
     print(f"{'figure':<66} {'value':>12} {'unit':<8} {'target':<9} met")
     for key, _, value, unit, target in report.rows:
         ok = met(value, target)
         mark = "" if ok is None else "yes" if ok else "NO"
         print(f"{key:<66} {value:>12.3f} {unit:<8} {target:<9} {mark}")
-    print(f"\n{meta['mode']} run ({n:,} finished executions), {meta['seconds']}s; JSON: {out}")
+    written = "not written" if args.smoke else str(out)
+    print(f"\n{meta['mode']} run ({n:,} finished executions), {meta['seconds']}s; JSON: {written}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m benchmarks.run            # full: 1k / 100k / 1M executions, longer commit runs
     python -m benchmarks.run --quick    # the same figures, fewer repetitions
+    python -m benchmarks.run --smoke    # every section once, tiny (1k / 2k): that it works
 
 Sections: commits (the store against the same statements on a bare connection); WAL pages
 per typical commit (the store, and a bare connection with the previous write shape -- schema
@@ -10,8 +11,9 @@ not a ratio, the machine does not change it); commit time of the new shape again
 previous one on a bare connection; listing and timer-sweep latency at 1k / 100k / 1M
 executions; the async twin; peak RSS.
 
-Prints a table and writes JSON to ``benchmarks/results/<timestamp>.json``. Not a test: the
-numbers depend on the machine and its load; the ratios are what to compare across machines.
+Prints a table and writes JSON to ``benchmarks/results/<timestamp>.json`` (``--smoke``: not
+written, its figures mean nothing). Not a test: the numbers depend on the machine and its load;
+the ratios are what to compare across machines.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
             "migrations/0005_times.up.sql",
             "migrations/0006_dead_letters.up.sql",
             "migrations/0007_retention.up.sql",
+            "migrations/0008_trace_times.up.sql",
         ),
         "update_execution",
     ),
@@ -696,42 +699,54 @@ def bench_memory(report: Report, paths: dict[int, Path]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every section once on tiny sizes (no JSON written)"
+    )
     parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
         rss_child(Path(args.rss_child[0]), int(args.rss_child[1]))
         return
-    sizes = [1_000, 100_000, 1_000_000]
-    commits, rounds, iterations = (400, 5, 200) if args.quick else (2000, 9, 500)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = [1_000, 2_000] if args.smoke else [1_000, 100_000, 1_000_000]
+    # commits a run, rounds of bench_commits, iterations of a latency, rounds of bench_shape
+    # (the ratio of two close times: more rounds) and of bench_reads
+    commits, rounds, iterations, shape_rounds, read_rounds = {
+        "full": (2000, 9, 500, 11, 5),
+        "quick": (400, 5, 200, 11, 3),
+        "smoke": (100, 1, 5, 1, 1),
+    }[mode]
     report = Report()
     started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="harel-bench-"))
     try:
         bench_commits(report, tmp, commits, rounds)
         bench_wal(report, tmp)
-        bench_shape(report, tmp, commits, 11)  # the ratio of two close times: more rounds
-        paths = bench_reads(report, tmp, sizes, iterations, 3 if args.quick else 5)
+        bench_shape(report, tmp, commits, shape_rounds)
+        paths = bench_reads(report, tmp, sizes, iterations, read_rounds)
         bench_async(report, tmp, commits)
         bench_memory(report, {sizes[0]: paths[sizes[0]], sizes[-1]: paths[sizes[-1]]})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{stamp}.json"
     meta = {
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "seconds": round(time.time() - started, 1),
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
     }
-    out.write_text(json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n")
+    text = json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n"
+    if not args.smoke:
+        RESULTS.mkdir(exist_ok=True)
+        out.write_text(text)
     print()
     print(f"{'figure':<52} {'ratio':>8}  target")
     for key, _, value, target in report.rows:
         print(f"{key:<52} {value:>8}  {target}")
-    print(f"\n{meta['mode']} run, {meta['seconds']}s; JSON: {out}")
+    print(f"\n{meta['mode']} run, {meta['seconds']}s; JSON: {'not written' if args.smoke else out}")
 
 
 if __name__ == "__main__":
