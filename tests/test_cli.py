@@ -372,6 +372,18 @@ def test_schema_prints_head_and_check_catches_drift(db: str) -> None:
     ]
 
 
+def test_the_operator_guide_shows_what_schema_check_prints(db: str) -> None:
+    guide = (REPO / "docs" / "how-to" / "operate.md").read_text(encoding="utf-8")
+    shown = re.search(r"primary is checked\):\n\n```text\n(.*?)```", guide, re.S)
+    assert shown is not None
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("ALTER TABLE harel_timers ADD COLUMN note TEXT")
+        conn.execute("DROP INDEX harel_timers_fire_at")
+    result = cli("schema", "--check", "--url", db)
+    assert "(2 differences)" in failed(result)
+    assert result.stdout == shown[1]
+
+
 def test_the_demo_still_runs_with_no_arguments(tmp_path: Path) -> None:
     out = ok(cli("demo", cwd=tmp_path))
     assert "trace of order-" in out and (tmp_path / "harel-demo.db").exists()

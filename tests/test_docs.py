@@ -8,16 +8,22 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
+import shutil
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 import harel_store
 from harel_store import AsyncLibsqlStore, LibsqlStore
+from harel_store.sql import HEAD, MIGRATIONS
 from harel_store.store import StoreStats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +127,16 @@ def test_every_python_block_of_the_page_runs_in_order(page: Path, tmp_path: Path
     for (_code, shown), printed in zip(blocks, outputs, strict=True):
         if shown:
             assert printed == shown
+    # Then the page's harel-store lines, in the same folder (the tutorial's, on its file).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
+        for line in block.splitlines():
+            if line.startswith("harel-store "):
+                cli = subprocess.run(
+                    ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
+                )
+                assert cli.returncode == 0 and cli.stdout.strip(), (line, cli.stderr)
 
 
 def test_the_async_twin_has_every_method_of_the_sync_store() -> None:
@@ -149,3 +165,42 @@ def test_the_python_snippet_runs_and_runs_again(tmp_path: Path) -> None:
         for _ in range(2)
     ]
     assert [(r.returncode, r.stderr, r.stdout) for r in runs] == [(0, "", "2\n"), (0, "", "2\n")]
+
+
+@pytest.mark.sqld
+def test_the_migrations_guide_commands_run(server: Any, tmp_path: Path) -> None:
+    """The guide's Alembic lines, in a copy of alembic.ini and migrations/, with the test
+    sqld standing in for the servers they name (127.0.0.1:8080, db.example.com)."""
+    block = re.search(
+        r"```sh\n(alembic .*?)```", (DOCS / "how-to" / "migrations.md").read_text(), re.S
+    )
+    assert block is not None
+    shutil.copy(ROOT / "alembic.ini", tmp_path / "alembic.ini")
+    shutil.copytree(
+        ROOT / "migrations", tmp_path / "migrations", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    host = server.url.split("://", 1)[1]
+    stand_ins = {
+        "http://127.0.0.1:8080": server.url,
+        "libsql://db.example.com?authToken=...": f"libsql://{host}?tls=0&authToken={server.token}",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["HAREL_AUTH_TOKEN"] = server.token
+    lines = [line.split("  #")[0].strip() for line in block[1].splitlines()]
+    assert len(lines) == 6
+    for line in lines:
+        for example, real in stand_ins.items():
+            line = line.replace(example, real)
+        run = subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0 and "Traceback" not in run.stderr, (line, run.stderr)
+        if "--sql" in line:
+            assert "CREATE TABLE harel_executions" in run.stdout
+    with closing(sqlite3.connect(tmp_path / "harel.db")) as conn:  # downgrade -1 from head
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [
+            (MIGRATIONS[-2].revision,)
+        ]
+    with closing(sqlite3.connect(tmp_path / "state.db")) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
