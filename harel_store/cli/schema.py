@@ -206,17 +206,16 @@ def schema_at(rev: str) -> Schema:
 
 def drift(where: str) -> tuple[str | None, list[str]]:
     """The live database's revision and its differences from the schema of that revision
-    (none: it matches). A revision this version does not know, or none, is a Failure."""
+    (none: it matches, or it is at none or at one this version does not know, which has no
+    schema to compare with)."""
     with connection(where) as conn:
         current = drive(conn.execute, revision())
         live = describe(lambda sql, params: conn.execute((Query("describe", "", sql), params)))
-    if current is None:
-        raise Failure(f"{show(where)} has no harel-store schema: {_migrate_hint(where)}")
-    if current not in KNOWN:
-        raise Failure(unknown_revision(show(where), current))
     if current == HEAD:
         return current, diff(head_schema(), live)
-    return current, diff(schema_at(current), live, expected_name=f"revision {current}")
+    if current in KNOWN:
+        return current, diff(schema_at(current), live, expected_name=f"revision {current}")
+    return current, []
 
 
 def _migrate_hint(where: str) -> str:
@@ -230,6 +229,10 @@ def schema(args: argparse.Namespace) -> int:
     where = args.sync_url or database(args)
     require_local(where, None)
     current, lines = drift(where)
+    if current is None:
+        raise Failure(f"{show(where)} has no harel-store schema: {_migrate_hint(where)}")
+    if current not in KNOWN:
+        raise Failure(unknown_revision(show(where), current))
     if not lines and current == HEAD:
         print(f"{show(where)}: schema matches head (revision {current})")
         return 0
