@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from harel_store.sql import QUERIES, SQL_DIR
+from harel_store.sql import MIGRATIONS, QUERIES, SQL_DIR
 
 Schema = dict[str, dict[str, Any]]
 """Table name -> {"without_rowid": bool, "columns": [...], "indexes": {...},
@@ -117,6 +117,20 @@ def head_schema() -> Schema:
     conn = sqlite3.connect(":memory:")
     try:
         conn.executescript((SQL_DIR / "schema.sql").read_text(encoding="utf-8"))
+        return describe(conn)
+    finally:
+        conn.close()
+
+
+def schema_at(revision: str) -> Schema:
+    """The schema a database at ``revision`` has: the migration chain up to it, run into a
+    fresh in-memory database."""
+    last = next(i for i, m in enumerate(MIGRATIONS) if m.revision == revision)
+    conn = sqlite3.connect(":memory:")
+    try:
+        for migration in MIGRATIONS[: last + 1]:
+            for statement in migration.statements("up"):
+                conn.execute(statement)
         return describe(conn)
     finally:
         conn.close()

@@ -31,13 +31,12 @@ from harel_store.connection.local import (
     import_libsql,
     why_not,
 )
-from harel_store.connection.revision import revision, unknown_revision
+from harel_store.connection.revision import KNOWN, revision, unknown_revision
 from harel_store.errors import StoreError, is_driver_error, translate
 from harel_store.migrate import alembic_config
-from harel_store.schema import Schema, describe, diff, head_schema
-from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR, Query
+from harel_store.schema import describe, diff, head_schema, schema_at
+from harel_store.sql import HEAD, SQL_DIR, Query
 
-KNOWN = [m.revision for m in MIGRATIONS]
 REVISIONS = ["base", *KNOWN, "head"]
 BUSY_TIMEOUT_MS = 5000  # reading the revision waits this long for a writer's lock
 
@@ -189,19 +188,6 @@ def configure_migrate(parser: argparse.ArgumentParser) -> None:
         help=f"target revision: {', '.join(REVISIONS)} (default: head); with --sql, also"
         " FROM:TO (that range, reading no database)",
     )
-
-
-def schema_at(rev: str) -> Schema:
-    """The schema a database at revision ``rev`` has: the chain up to it, run into a fresh
-    in-memory database."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for migration in MIGRATIONS[: KNOWN.index(rev) + 1]:
-            for statement in migration.statements("up"):
-                conn.execute(statement)
-        return describe(conn)
-    finally:
-        conn.close()
 
 
 def drift(where: str) -> tuple[str | None, list[str]]:

@@ -21,8 +21,9 @@ from harel_store.cli.dead import dead_counts
 from harel_store.cli.output import COLOURS, PROG, age, colour_on, paint, plain, to_json
 from harel_store.cli.schema import drift
 from harel_store.connection import show
+from harel_store.connection.revision import KNOWN
 from harel_store.models import STATUSES
-from harel_store.sql import HEAD, MIGRATIONS
+from harel_store.sql import HEAD
 from harel_store.store import StoreStats
 
 
@@ -101,8 +102,7 @@ def _schema_problems(where: str, sync_url: str | None) -> list[str]:
     require_local(where, sync_url)
     current, lines = drift(sync_url or where)
     if current != HEAD:
-        known = [m.revision for m in MIGRATIONS]
-        state = "behind" if current is None or current in known else "ahead of"
+        state = "behind" if current is None or current in KNOWN else "ahead of"
         return [f"schema: at revision {current}, {state} head {HEAD}"]
     return [f"schema drifted from head: {line}" for line in lines]
 
