@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -101,3 +102,11 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.002)
+
+
+def shell_env(*first: Path, **extra: str) -> dict[str, str]:
+    """The environment a documented shell line runs in: this venv's commands on PATH (after
+    ``first``), none of the caller's databases or tokens, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    path = [*map(str, first), str(Path(sys.executable).parent), env.get("PATH", "")]
+    return {**env, "PATH": os.pathsep.join(path), **extra}

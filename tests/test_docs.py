@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -25,6 +24,7 @@ import harel_store
 from harel_store import AsyncLibsqlStore, LibsqlStore
 from harel_store.sql import HEAD, MIGRATIONS
 from harel_store.store import StoreStats
+from tests.helpers import shell_env
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -128,8 +128,7 @@ def test_every_python_block_of_the_page_runs_in_order(page: Path, tmp_path: Path
         if shown:
             assert printed == shown
     # Then the page's harel-store lines, in the same folder (the tutorial's, on its file).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env = shell_env()
     for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
         for line in block.splitlines():
             if line.startswith("harel-store "):
@@ -184,9 +183,7 @@ def test_the_migrations_guide_commands_run(server: Any, tmp_path: Path) -> None:
         "http://127.0.0.1:8080": server.url,
         "libsql://db.example.com?authToken=...": f"libsql://{host}?tls=0&authToken={server.token}",
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["HAREL_AUTH_TOKEN"] = server.token
+    env = shell_env(HAREL_AUTH_TOKEN=server.token)
     lines = [line.split("  #")[0].strip() for line in block[1].splitlines()]
     assert len(lines) == 6
     for line in lines:

@@ -8,7 +8,6 @@ it shows. migrate's --help examples also run in order in tests/test_migrate_sql.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -24,7 +23,7 @@ import pytest
 from harel_store import Event, Execution, LibsqlStore, TimerOp
 from harel_store.cli import COMMANDS
 from harel_store.cli.output import PROG
-from tests.test_cli import CLI
+from tests.helpers import shell_env
 
 # The examples that are meant to fail on a store holding dead letters: a health check.
 FAILS_ON_PURPOSE = {f"{PROG} status --max-dead 0"}
@@ -147,9 +146,7 @@ def test_the_example_runs_as_written(example: str, seeded: Path, tmp_path: Path)
         conn.execute(
             "UPDATE harel_timers SET fire_at = ? WHERE path = 'main.retry'", (time.time() - 1,)
         )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
-    env["PATH"] = os.pathsep.join([str(bin_dir), str(CLI.parent), env.get("PATH", "")])
-    env["HAREL_DATABASE_URL"] = str(database)
+    env = shell_env(bin_dir, HAREL_DATABASE_URL=str(database))
     run = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {example}"],
         capture_output=True,
