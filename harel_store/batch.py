@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from harel_store.sql import QUERIES, Query
 
@@ -91,7 +91,18 @@ class Conflicted(Exception):
         self.found = found
 
 
-Request = Statement | Batch
+class Fresh(NamedTuple):
+    """A read that must see every commit made so far, wherever it was made: an embedded
+    replica sends it to its primary (its own copy lags); anywhere else it is a plain read."""
+
+    statement: Statement
+
+
+def fresh(name: str, *params: Any) -> Fresh:
+    return Fresh(statement(name, *params))
+
+
+Request = Statement | Batch | Fresh
 Plan = Generator[Request, Any, T]
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harel_store.batch import Batch, Request, drive, shape
+from harel_store.batch import Batch, Fresh, Request, drive, shape
 from harel_store.connection.local import why_not
 from harel_store.connection.revision import KNOWN, ensure_schema, revision
 from harel_store.connection.url import (
@@ -94,7 +94,7 @@ def sqlalchemy_execute(connection: Connection) -> Callable[[Request], Any]:
     def execute(request: Request) -> Any:
         if isinstance(request, Batch):
             raise TypeError("only a plan's single statements run on Alembic's connection")
-        query, params = request
+        query, params = request.statement if isinstance(request, Fresh) else request
         result = connection.exec_driver_sql(query.sql, tuple(params))
         rows = [tuple(row) for row in result.fetchall()] if result.returns_rows else []
         return shape(query, rows, result.rowcount)

@@ -1,9 +1,15 @@
-"""A process-wide signal: "there is work for the relays of this database".
+"""Wake-ups: "this database changed", as hints, from this process and from every other.
 
-A store raises it after a write that gives a relay something to do (a commit that emits,
-spawns or arms a timer; a revive or a release); a relay waiting for its next poll wakes at
-once. It carries no data and is only a hint: a relay always claims to learn what there is,
-and other processes' writes reach it at its next poll. Databases are told apart by a key
+A store raises a signal after its own writes (`notify`: an execution changed, and which
+kinds of relay work its commit wrote); a database's *watch* (`harel_store.connection.watch`:
+a local file's commits by any process, a server's change notifications) raises them for
+every other writer. Relays and `wait_for` wait on a `Waiter`, which gathers the signals
+raised since they last looked. A signal carries no data and is only a hint: whoever wakes
+still reads to learn what there is, and a missed one costs at most a poll.
+
+One watch a database a process, shared by every waiter of it: started with the first
+waiter, stopped when the last one leaves, or a little after (its ``linger``: a server's
+streams, so that short waits do not reconnect each time). Databases are told apart by a key
 their connection gives (`Connection.key`).
 """
 
@@ -12,44 +18,108 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+# What a signal says changed. The first three are new work of that kind for the relays (an
+# emit, a spawn, an armed timer); EXECUTION: an execution was written; ANY: something may
+# have changed (a commit seen on a file, a stream to a server re-established).
+OUTBOX, SPAWN, TIMER, EXECUTION, ANY = "outbox", "spawn", "timer", "execution", "any"
+
+# The least time between two reads asked for by executions' changes alone (a server's
+# notifications say no more than that the table changed): a waiter reads at most this often,
+# however busy the database is.
+PACE = 0.005
+
+
+class Watch(Protocol):
+    """Something that raises the signals of other processes' writes to one database."""
+
+    linger: float  # seconds it outlives its last waiter
+
+    def start(self, signal: Callable[[frozenset[str]], None]) -> None:
+        """Begin watching; call ``signal`` (from any thread) with what changed."""
+
+    def stop(self) -> None:
+        """Stop watching (from any thread); no signal is raised afterwards."""
+
+
+WatchFactory = Callable[[], "Watch | None"]
+
+
+class _Watched:
+    """A running watch and how many waiters it serves."""
+
+    __slots__ = ("idle", "users", "watch")
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self.users = 0
+        self.idle: threading.Timer | None = None  # its stop, while nobody waits
+
 
 _lock = threading.Lock()
-_waiters: defaultdict[str, set[Waiter]] = defaultdict(set)
+_waiters: dict[str, set[Waiter]] = {}
+_watches: dict[str, _Watched] = {}
 
 
 class Waiter:
-    """One relay's subscription to a database's signal; a thread waits on it with `wait`, a
-    task with `await_signal` (its loop is woken thread-safely)."""
+    """One subscriber's view of a database's signals: what was signalled since it last
+    looked (`take`), and a wait for the next one, by a thread (`wait`) or a task
+    (`await_signal`, its loop woken thread-safely). ``watch`` makes the database's watch
+    when this process has none running yet (None: this process's own writes only)."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, watch: WatchFactory | None = None) -> None:
         self.key = key
+        self._signals: set[str] = set()
+        self._lock = threading.Lock()
         self._event = threading.Event()
         # The loop a task last awaited the signal on, and its event (one attribute, read
         # by `set` from any thread): made again when a task awaits it on another loop.
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._closed = False
         with _lock:
-            _waiters[key].add(self)
+            _waiters.setdefault(key, set()).add(self)
+        if watch is not None:
+            _use_watch(key, watch)
+            self._watching = True
+        else:
+            self._watching = False
 
-    def set(self) -> None:
-        """Wake whoever waits (from any thread)."""
-        self._event.set()
+    def __enter__(self) -> Waiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set(self, signals: Iterable[str] = ()) -> None:
+        """Record ``signals`` and wake whoever waits (from any thread); with none, only
+        wake (a stop)."""
+        with self._lock:
+            self._signals.update(signals)
+            self._event.set()
         bound = self._async
         if bound is not None and not bound[0].is_closed():
             # The loop may close meanwhile: then nobody waits there any more.
             with contextlib.suppress(RuntimeError):
                 bound[0].call_soon_threadsafe(bound[1].set)
 
-    def clear(self) -> None:
-        """Forget a signal already seen (before looking for work, so none is missed)."""
-        self._event.clear()
-        bound = self._async
-        if bound is not None:
-            bound[1].clear()
+    def take(self) -> frozenset[str]:
+        """What was signalled since the last `take`, forgotten here (a signal raised from now
+        on wakes the next wait)."""
+        with self._lock:
+            signals = frozenset(self._signals)
+            self._signals.clear()
+            self._event.clear()
+            bound = self._async
+            if bound is not None:
+                bound[1].clear()
+        return signals
 
     def wait(self, timeout: float) -> bool:
-        """Block until the signal or ``timeout`` seconds; whether it came."""
-        return self._event.wait(timeout)
+        """Block until a signal (or a `set`) since the last `take`, or ``timeout`` seconds;
+        whether one came."""
+        return self._event.wait(max(timeout, 0.0))
 
     async def await_signal(self, timeout: float) -> bool:
         """Async version of `wait`."""
@@ -60,23 +130,88 @@ class Waiter:
             if self._event.is_set():
                 bound[1].set()
         try:
-            await asyncio.wait_for(bound[1].wait(), timeout)
+            await asyncio.wait_for(bound[1].wait(), max(timeout, 0.0))
         except asyncio.TimeoutError:
             return False
         return True
 
     def close(self) -> None:
+        """Unsubscribe (a second close is a no-op); the watch stops a while after its
+        last waiter leaves."""
         with _lock:
-            _waiters[self.key].discard(self)
-            if not _waiters[self.key]:
-                del _waiters[self.key]
+            if self._closed:
+                return
+            self._closed = True
+            waiting = _waiters.get(self.key)
+            if waiting is not None:
+                waiting.discard(self)
+                if not waiting:
+                    del _waiters[self.key]
+            idle = _leave_watch(self.key) if self._watching else None
+        if idle is not None:
+            idle.stop()
 
 
-def notify(key: str) -> None:
-    """There is work for the relays of the database ``key``."""
+def _use_watch(key: str, make: WatchFactory) -> None:
+    with _lock:
+        watched = _watches.get(key)
+        if watched is None:
+            watch = make()
+            if watch is None:
+                return
+            watched = _watches[key] = _Watched(watch)
+            watch.start(lambda signals: notify(key, signals))
+        watched.users += 1
+        if watched.idle is not None:
+            watched.idle.cancel()
+            watched.idle = None
+
+
+def _leave_watch(key: str) -> Watch | None:
+    """Under ``_lock``: one waiter of ``key``'s watch fewer; at none, the watch to stop now
+    (the caller stops it, outside the lock) or its stop scheduled after its linger."""
+    watched = _watches.get(key)
+    if watched is None:
+        return None
+    watched.users -= 1
+    if watched.users:
+        return None
+    if not watched.watch.linger:
+        del _watches[key]
+        return watched.watch
+    watched.idle = threading.Timer(watched.watch.linger, _stop_idle, (key, watched))
+    watched.idle.daemon = True
+    watched.idle.start()
+    return None
+
+
+def _stop_idle(key: str, watched: _Watched) -> None:
+    with _lock:
+        if watched.users or _watches.get(key) is not watched:
+            return
+        del _watches[key]
+    watched.watch.stop()
+
+
+def stop_watches() -> None:
+    """Stop every watch of this process now (tests; an application that forks)."""
+    with _lock:
+        watched = list(_watches.values())
+        _watches.clear()
+        for w in watched:
+            if w.idle is not None:
+                w.idle.cancel()
+    for w in watched:
+        w.watch.stop()
+
+
+def notify(key: str, signals: Iterable[str]) -> None:
+    """Tell the waiters of the database ``key`` in this process that ``signals`` changed."""
     if key not in _waiters:  # the common case, on every commit: nobody waits here
         return
     with _lock:
         waiting = list(_waiters.get(key, ()))
-    for waiter in waiting:
-        waiter.set()
+    if waiting:
+        signals = frozenset(signals)
+        for waiter in waiting:
+            waiter.set(signals)

@@ -292,7 +292,8 @@ def test_a_waiter_is_awaited_under_one_loop_then_the_next() -> None:
 
         async def woken() -> bool:
             loop = asyncio.get_running_loop()
-            loop.call_later(0.01, threading.Thread(target=notify, args=(waiter.key,)).start)
+            wake = threading.Thread(target=notify, args=(waiter.key, ["outbox"]))
+            loop.call_later(0.01, wake.start)
             return await waiter.await_signal(5)
 
         assert run(woken()) is True

@@ -21,6 +21,7 @@ from harel_store.connection.hrana import HranaConnection
 from harel_store.connection.local import LocalConnection, check_local_options, open_file
 from harel_store.connection.replica import ReplicaConnection, open_replica
 from harel_store.connection.url import DatabaseURL, is_remote, parse_database, show
+from harel_store.wakeup import Watch
 
 __all__ = [
     "Connection",
@@ -48,6 +49,10 @@ class Connection(Protocol):
 
     def sync(self) -> None:
         """An embedded replica pulls its primary's state; elsewhere nothing."""
+
+    def watch(self) -> Watch | None:
+        """What tells this process of other processes' writes (`harel_store.wakeup`); None
+        where nobody else can write (an in-memory database)."""
 
     def close(self) -> None: ...
 

@@ -25,8 +25,9 @@ from decimal import ROUND_DOWN, Context, Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
-from harel_store.batch import Batch, Conflicted, Request, Statement, shape, statement
+from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
 from harel_store.connection import http
+from harel_store.connection.watch import ListenWatch
 from harel_store.errors import OutcomeUnknown, StoreBusy, StoreError, scrub, translate
 
 _BEGIN, _COMMIT, _ROLLBACK = (statement(n) for n in ("begin", "commit", "rollback"))
@@ -112,6 +113,8 @@ class _Wire:
     __slots__ = ("commit", "conflict", "guards", "part", "positions", "request", "write")
 
     def __init__(self, request: Request) -> None:
+        if isinstance(request, Fresh):  # every read here sees the primary
+            request = request.statement
         self.request = request
         self.write = isinstance(request, Batch)
         if not isinstance(request, Batch):
@@ -644,6 +647,13 @@ class HranaConnection:
 
     def sync(self) -> None:
         """Nothing to pull: every read goes to the primary."""
+
+    def watch(self) -> ListenWatch:
+        """The server's change notifications, over connections of their own."""
+        client = http.Client(self._origin, **self._options)
+        return ListenWatch(
+            client, self._endpoint.removesuffix("/v3/pipeline"), self.where, self._timeout
+        )
 
     def close(self) -> None:
         self._closed = True

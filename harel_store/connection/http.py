@@ -10,6 +10,7 @@ is used again, which catches the usual case of a server closing an idle connecti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import ssl
@@ -29,6 +30,7 @@ __all__ = [
     "ConnectFailed",
     "HTTPFailure",
     "Response",
+    "Stream",
     "TimedOut",
 ]
 
@@ -295,15 +297,15 @@ class _Origin(Generic[_Conn]):
         self._lock = threading.Lock()  # of the pool (an async client's may serve threads)
         self._closed = False
 
-    def _request(self, path: str, body: bytes) -> bytes:
-        start = self._starts.get(path)
+    def _request(self, path: str, body: bytes, method: bytes = b"POST") -> bytes:
+        start = self._starts.get(path) if method == b"POST" else None
         if start is None:
             if not (path.startswith("/") and path.isascii() and path.isprintable()) or (
                 " " in path
             ):
                 raise ValueError(f"not a request path: {path!r}")
-            start = b"POST " + path.encode("ascii") + self._host_line
-            if len(self._starts) < 64:
+            start = method + b" " + path.encode("ascii") + self._host_line
+            if method == b"POST" and len(self._starts) < 64:
                 self._starts[path] = start
         return b"".join((start, b"%d" % len(body), self._tail, body))
 
@@ -347,6 +349,40 @@ class Client(_Origin[socket.socket]):
         sock.close()
         return response
 
+    def stream(self, path: str) -> Stream:
+        """``GET path`` on a connection of its own, its answer's head read within
+        ``timeout``: a `Stream` of the body as it comes (server-sent events), which the
+        caller closes."""
+        deadline = monotonic() + self._timeout
+        if self._closed:
+            raise RuntimeError("closed")
+        data = self._request(path, b"", b"GET")
+        sock = self._connect(deadline)
+        sent = False
+        parser = _Parser()
+        try:
+            sock.settimeout(self._left(deadline, sent))
+            sent = True
+            sock.sendall(data)
+            answer = None
+            while parser.state == _HEAD:
+                sock.settimeout(self._left(deadline, sent))
+                chunk = sock.recv(_READ)
+                if not chunk:
+                    parser.eof()
+                parser.buf += chunk
+                answer = parser.parse()
+            if answer is not None:  # the whole answer already (an error's, say)
+                parser.body[:] = answer.body
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, TimeoutError):
+                raise TimedOut(self._late, sent=sent) from exc
+            if isinstance(exc, OSError):
+                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=sent) from exc
+            raise
+        return Stream(sock, parser, self._late, answer is not None)
+
     def close(self) -> None:
         """Close the idle connections; a request in flight closes its own when done."""
         with self._lock:
@@ -389,6 +425,61 @@ class Client(_Origin[socket.socket]):
             if isinstance(exc, OSError):
                 raise _connect_failure(exc) from exc
             raise
+
+
+class Stream:
+    """An answer read as it comes: its ``status`` and ``headers``, then its body by `read`.
+    `close` may be called from any thread, and ends a `read` under way."""
+
+    def __init__(self, sock: socket.socket, parser: _Parser, late: str, done: bool) -> None:
+        self._sock = sock
+        self._parser = parser
+        self._late = late
+        self._ended = done
+        self.status = parser.status
+        self.headers = parser.headers
+
+    def read(self, timeout: float) -> bytes:
+        """The body's next bytes (chunked framing removed), waiting up to ``timeout``
+        seconds for some; b"" once the body has ended. Raises TimedOut, Broken or
+        BadResponse."""
+        parser = self._parser
+        while not self._take() and not self._ended:
+            try:
+                self._sock.settimeout(timeout)
+                chunk = self._sock.recv(_READ)
+            except TimeoutError as exc:
+                raise TimedOut(self._late, sent=True) from exc
+            except OSError as exc:
+                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
+            if not chunk:
+                self._ended = True
+                if parser.state != _TO_EOF:
+                    parser.eof()  # raises: the body was cut short
+                break
+            parser.buf += chunk
+            answer = parser.parse()
+            if answer is not None:
+                self._ended = True
+                if not parser.body:  # a body of a known length comes whole
+                    parser.body += answer.body
+        body = bytes(parser.body)
+        parser.body.clear()
+        return body
+
+    def _take(self) -> bool:
+        """Whether body bytes are ready (a body read to the connection's end is taken as
+        it comes, not at its end)."""
+        parser = self._parser
+        if parser.state == _TO_EOF and parser.buf:
+            parser.body += parser.buf
+            parser.buf.clear()
+        return bool(parser.body)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # a read under way in another thread ends
+        self._sock.close()
 
 
 class _Socket:

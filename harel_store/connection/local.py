@@ -16,10 +16,12 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from harel_store.batch import Batch, Conflicted, Request, shape, statement
+from harel_store.batch import Batch, Conflicted, Fresh, Request, shape, statement
 from harel_store.checks import check_finite
+from harel_store.connection.watch import FileWatch
 from harel_store.errors import StoreError, is_driver_error, translate
 from harel_store.sql import Query, RowError
+from harel_store.wakeup import Watch
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 _BEGIN, _COMMIT = statement("begin"), statement("commit")
@@ -47,6 +49,8 @@ class DBAPI(Protocol):
 class LocalConnection:
     """Requests run on one DB-API connection, one at a time."""
 
+    library: Library = "sqlite"
+
     def __init__(self, db: DBAPI, where: str, hold: FileHold | None = None) -> None:
         self.db = db
         self.where = where
@@ -66,6 +70,8 @@ class LocalConnection:
             try:
                 if isinstance(request, Batch):
                     return self._batch(request)
+                if isinstance(request, Fresh):
+                    request = request.statement
                 return self._result(request[0], self._execute(*request))
             except (StoreError, Conflicted):
                 raise
@@ -117,6 +123,10 @@ class LocalConnection:
     def sync(self) -> None:
         """Nothing to pull: the file is the database."""
 
+    def watch(self) -> Watch | None:
+        """Other processes' commits to the file (none can reach an in-memory database)."""
+        return None if self.where == ":memory:" else FileWatch(self.where, self.library)
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -138,6 +148,8 @@ class LibsqlConnection(LocalConnection):
     wherever the store uses one: stored in or compared with an INTEGER column (affinity),
     or in arithmetic.
     """
+
+    library: Library = "libsql"
 
     def _execute(self, query: Query, params: Any) -> Cursor:
         if int in map(type, params):  # a check at C speed: most statements bind no int

@@ -29,9 +29,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harel_store.batch import Batch, Conflicted, Request, statement
+from harel_store.batch import Batch, Conflicted, Fresh, Request, statement
 from harel_store.connection.hrana import HranaConnection
 from harel_store.connection.local import LocalConnection, open_file
+from harel_store.connection.watch import ListenWatch
 from harel_store.errors import OutcomeUnknown, StoreError, scrub, translate
 
 fcntl: ModuleType | None
@@ -64,6 +65,8 @@ class ReplicaConnection:
         return self._syncer.behind
 
     def execute(self, request: Request) -> Any:
+        if isinstance(request, Fresh):  # the file may lag: the primary has every commit
+            return self._primary.execute(request.statement)
         if not isinstance(request, Batch):
             self._syncer.catch_up(time.monotonic() + self._syncer.timeout)
             return self._local.execute(request)
@@ -74,6 +77,10 @@ class ReplicaConnection:
             raise
         self._syncer.wrote()
         return result
+
+    def watch(self) -> ListenWatch:
+        """The primary's change notifications: the writes land there."""
+        return self._primary.watch()
 
     def sync(self) -> None:
         """Pull the primary's latest state into the local file, within ``timeout``."""
