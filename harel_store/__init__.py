@@ -12,6 +12,7 @@ from harel_store.errors import (
 )
 from harel_store.models import (
     ArmedTimer,
+    ClaimedWork,
     DeadLetter,
     DefinitionRecord,
     DueTimer,
@@ -25,6 +26,7 @@ from harel_store.models import (
     SpawnEntry,
     TimerOp,
     TraceStep,
+    WorkAhead,
 )
 from harel_store.relay import AsyncRelay, Relay
 from harel_store.sql import HEAD
@@ -38,6 +40,7 @@ __all__ = [
     "ArmedTimer",
     "AsyncLibsqlStore",
     "AsyncRelay",
+    "ClaimedWork",
     "DeadLetter",
     "DefinitionRecord",
     "DueTimer",
@@ -59,4 +62,5 @@ __all__ = [
     "StoreError",
     "TimerOp",
     "TraceStep",
+    "WorkAhead",
 ]

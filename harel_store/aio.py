@@ -23,18 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from harel_store import queues
+from harel_store.awaiting import Call, wait_message
 from harel_store.batch import Plan, adrive, settle
 from harel_store.checks import check_trace_max
 from harel_store.connection import HranaConnection, is_remote, open_libsql
 from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema
 from harel_store.models import (
+    DEAD_KINDS,
     ArmedTimer,
+    ClaimedWork,
     DeadLetter,
     DefinitionRecord,
     DueTimer,
@@ -49,8 +53,10 @@ from harel_store.models import (
     SpawnEntry,
     TimerOp,
     TraceStep,
+    WorkAhead,
 )
-from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store, StoreStats
+from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store, StoreStats, _wait_args
+from harel_store.wakeup import Waiter
 
 T = TypeVar("T")
 
@@ -288,6 +294,55 @@ class AsyncLibsqlStore:
                 worker, now, limit=limit, lease=lease, max_attempts=max_attempts
             )
         )
+
+    async def peek_work(self, now: float) -> WorkAhead:
+        """Async version of `LibsqlStore.peek_work`."""
+        return await self._run(self._s._peek_work(now))
+
+    async def claim_work(
+        self,
+        worker: str,
+        now: float,
+        *,
+        kinds: Iterable[str] = DEAD_KINDS,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> ClaimedWork:
+        """Async version of `LibsqlStore.claim_work`."""
+        return await self._run(
+            self._s._claim_work(
+                worker, now, kinds=kinds, limit=limit, lease=lease, max_attempts=max_attempts
+            )
+        )
+
+    async def wait_for(
+        self,
+        execution_id: str,
+        *,
+        status: str | Iterable[str] = ("finished", "failed", "cancelled"),
+        timeout: float,
+    ) -> Execution:
+        """Async version of `LibsqlStore.wait_for` (the builtin TimeoutError on every Python)."""
+        execution_id, statuses, seconds = _wait_args(execution_id, status, timeout)
+        deadline = time.monotonic() + seconds
+        found = await self._run(self._s._awaited({execution_id: statuses}))
+        if execution_id in found:
+            return found[execution_id]
+        call = Call(execution_id, statuses, asyncio.get_running_loop().create_future())
+        self._s._awaits.add(call)
+        try:
+            assert call.future is not None
+            left = max(deadline - time.monotonic(), 0.0)
+            return await asyncio.wait_for(asyncio.shield(call.future), left)
+        except asyncio.TimeoutError:
+            raise TimeoutError(wait_message(execution_id, statuses, seconds)) from None
+        finally:
+            self._s._awaits.remove(call)
+
+    def _waiter(self) -> Waiter:
+        """As `Store._waiter`: this store's database's signals."""
+        return self._s._waiter()
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         """Async version of `LibsqlStore.delete_timer`."""

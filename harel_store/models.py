@@ -148,6 +148,50 @@ DEAD_KINDS: tuple[DeadKind, ...] = ("outbox", "spawn", "timer")
 RelayItem = OutboxEntry | SpawnEntry | DueTimer
 
 
+class WorkAhead(NamedTuple):
+    """What a relay could claim, as `peek_work` (or a `claim_work`, after its claims) read
+    it: whether an outbox entry, a spawn, and a timer due at the ``now`` given are
+    claimable (live, and held by no live lease nor waiting out a `fail`'s retry), and the
+    soonest armed timer not due at ``now`` (epoch seconds; None: there is none)."""
+
+    outbox: bool
+    """An outbox entry is claimable now."""
+    spawns: bool
+    """A spawn is claimable now."""
+    timers: bool
+    """A timer due at ``now`` is claimable."""
+    next_timer_at: float | None
+    """The soonest armed timer's fire_at after ``now`` (epoch seconds), or None."""
+
+    def ready(self, kind: DeadKind) -> bool:
+        """Whether work of ``kind`` (``"outbox"``, ``"spawn"``, ``"timer"``) is claimable."""
+        return self.outbox if kind == "outbox" else self.spawns if kind == "spawn" else self.timers
+
+
+class ClaimedWork(NamedTuple):
+    """What `claim_work` claimed of each kind (as `claim_outbox`, `claim_spawns` and
+    `claim_due_timers` return it; empty for a kind not asked for), and what is left to
+    claim after it (``ahead``)."""
+
+    outbox: list[OutboxEntry]
+    """The outbox entries claimed, oldest first."""
+    spawns: list[SpawnEntry]
+    """The spawns claimed, oldest first."""
+    timers: list[DueTimer]
+    """The timers claimed, soonest first."""
+    ahead: WorkAhead
+    """What is left to claim after these."""
+
+    def items(self) -> list[tuple[DeadKind, RelayItem]]:
+        """Every item claimed, with its kind: the outbox's, then the spawns', then the
+        timers'."""
+        return [
+            *(("outbox", entry) for entry in self.outbox),
+            *(("spawn", spawn) for spawn in self.spawns),
+            *(("timer", timer) for timer in self.timers),
+        ]
+
+
 class DeadLetter(NamedTuple):
     """A row a claim set aside after ``attempts`` claims (its ``max_attempts``): ``kind`` is
     ``"outbox"``, ``"spawn"`` or ``"timer"``, ``item`` the `OutboxEntry`, `SpawnEntry` or

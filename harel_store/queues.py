@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -118,6 +119,48 @@ def attempts(items: Items, rows: Iterable[Sequence[Any]]) -> list[int]:
     timer at another fire_at now)."""
     found = {(kind, (a, b, float(at)) if kind == TIMERS else a): n for kind, a, b, at, n in rows}
     return [found.get(_key(item), 0) for item in items.given]
+
+
+class Holding:
+    """The items a relay round holds, and those a commit of this process consumed since
+    (``commit(..., acks=...)`` that landed): the round's own ack need not send those."""
+
+    def __init__(self, database: str, items: Iterable[RelayItem]) -> None:
+        self.database = database
+        self.keys = {_key(item) for item in items}
+        self.consumed: set[tuple[str, Any]] = set()
+
+    def __enter__(self) -> Holding:
+        with _holdings_lock:
+            _holdings.setdefault(self.database, set()).add(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _holdings_lock:
+            held = _holdings.get(self.database)
+            if held is not None:
+                held.discard(self)
+                if not held:
+                    del _holdings[self.database]
+
+    def unconsumed(self, items: Iterable[RelayItem]) -> list[RelayItem]:
+        with _holdings_lock:
+            return [item for item in items if _key(item) not in self.consumed]
+
+
+_holdings: dict[str, set[Holding]] = {}
+_holdings_lock = threading.Lock()
+
+
+def consumed(database: str, items: Items) -> None:
+    """A commit to ``database`` that consumed ``items`` landed: the rounds holding any of
+    them need not ack those."""
+    if database not in _holdings:  # the common case: no relay of this process holds any
+        return
+    keys = {_key(item) for item in items.given}
+    with _holdings_lock:
+        for holding in _holdings.get(database, ()):
+            holding.consumed |= keys & holding.keys
 
 
 def _key(item: RelayItem) -> tuple[str, Any]:

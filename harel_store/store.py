@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -20,7 +21,8 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import ValidationError
 
 from harel_store import queues, wakeup
-from harel_store.batch import Batch, Conflicted, Plan, drive, statement
+from harel_store.awaiting import Awaits, Call, wait_message
+from harel_store.batch import Batch, Conflicted, Plan, drive, fresh, statement
 from harel_store.checks import (
     check_definition,
     check_delay,
@@ -50,6 +52,8 @@ from harel_store.models import (
     DEAD_KINDS,
     STATUSES,
     ArmedTimer,
+    ClaimedWork,
+    DeadKind,
     DeadLetter,
     DefinitionRecord,
     DueTimer,
@@ -64,6 +68,7 @@ from harel_store.models import (
     SpawnEntry,
     TimerOp,
     TraceStep,
+    WorkAhead,
 )
 
 DEFAULT_TRACE_MAX = 200
@@ -105,30 +110,89 @@ def _page(limit: object) -> int:
     return rows
 
 
-def _claim(
-    names: tuple[str, str],
+# Each kind's claim: its statements (the dead letters' sweep, the claim), how its rows decode,
+# and the order it hands them out in.
+_CLAIMS: dict[DeadKind, tuple[tuple[str, str], Any, Any]] = {
+    "outbox": (("mark_dead_outbox", "claim_outbox"), queues.outbox_entry, None),
+    "spawn": (("mark_dead_spawns", "claim_spawns"), queues.spawn_entry, None),
+    "timer": (
+        ("mark_dead_timers", "claim_due_timers"),
+        queues.due_timer,
+        lambda t: (t.fire_at, t.execution_id, t.path),
+    ),
+}
+
+
+def _check_claim(worker: str, limit: int, lease: float, max_attempts: int | None) -> float:
+    check_id(worker, "worker")
+    _page(limit)
+    check_max_attempts(max_attempts)
+    return check_timeout(lease, "lease")
+
+
+def _add_claim(
+    batch: Batch,
+    kind: DeadKind,
     worker: str,
     limit: int,
     lease: float,
     max_attempts: int | None,
-    *due: float,
-) -> Plan[list[Any]]:
-    """A claim's rows: one write of its UPDATE ... RETURNING (``names[1]`` in queries.sql),
-    after, given a ``max_attempts``, the statement that makes dead letters of the rows at it
-    (``names[0]``; logged)."""
-    check_id(worker, "worker")
-    _page(limit)
-    seconds = check_timeout(lease, "lease")
-    check_max_attempts(max_attempts)
-    batch = Batch()
+    due: float,
+) -> tuple[int | None, int]:
+    """Add a claim of ``kind`` to ``batch`` (checked by `_check_claim`): given a
+    ``max_attempts``, first the statement that makes dead letters of the rows at it, then
+    the UPDATE ... RETURNING of queries.sql; return their steps."""
+    names = _CLAIMS[kind][0]
+    timer = (due,) if kind == "timer" else ()
     mark = None
     if max_attempts is not None:
-        mark = batch.add(names[0], max_attempts, limit, *due)
-    claim = batch.add(names[1], worker, limit, seconds, *due, max_attempts)
-    results = yield batch
+        mark = batch.add(names[0], max_attempts, limit, *timer)
+    return mark, batch.add(names[1], worker, limit, lease, *timer, max_attempts)
+
+
+def _claimed(kind: DeadKind, results: Sequence[Any], steps: tuple[int | None, int]) -> list[Any]:
+    """What a claim's steps came to: the dead letters it made logged, its rows decoded (a
+    corrupt one logged and left claimed) in the order the claim hands them out."""
+    (mark_name, _), decode, order = _CLAIMS[kind]
+    mark, claim = steps
     if mark is not None:
-        queues.log_dead(names[0].removeprefix("mark_dead_"), results[mark])
-    return results[claim]  # type: ignore[no-any-return]
+        queues.log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
+    return sorted(queues.decoded(results[claim], decode), key=order)
+
+
+def _claim(
+    kind: DeadKind,
+    worker: str,
+    limit: int,
+    lease: float,
+    max_attempts: int | None,
+    due: float = 0.0,
+) -> Plan[list[Any]]:
+    """One kind's claim: one write."""
+    seconds = _check_claim(worker, limit, lease, max_attempts)
+    batch = Batch()
+    steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due)
+    return _claimed(kind, (yield batch), steps)
+
+
+def _work_ahead(row: Sequence[Any]) -> WorkAhead:
+    outbox, spawns, timers, next_timer_at = row
+    return WorkAhead(bool(outbox), bool(spawns), bool(timers), next_timer_at)
+
+
+def _wait_args(
+    execution_id: str, status: str | Iterable[str], timeout: float
+) -> tuple[str, frozenset[str], float]:
+    """wait_for's arguments, checked: ValueError/TypeError for an unknown status or a timeout
+    that is not 0 to a year of seconds."""
+    check_id(execution_id, "execution_id")
+    statuses = frozenset([status] if isinstance(status, str) else status)
+    for s in statuses:
+        if s not in STATUSES:
+            raise ValueError(f"unknown status {s!r}: expected one of {', '.join(STATUSES)}")
+    if not statuses:
+        raise ValueError("status must name at least one status")
+    return execution_id, statuses, check_delay(timeout, "timeout")
 
 
 def _purge_companions(batch: Batch, ids: list[str]) -> None:
@@ -148,6 +212,14 @@ def _purge_batch(members: list[tuple[str, int]]) -> Batch:
     batch.guard("purge_children_left", json.dumps(ids), rows=0)
     _purge_companions(batch, ids)
     return batch
+
+
+def _kinds(items: queues.Items) -> list[str]:
+    """The signals of work of these items' kinds made claimable again."""
+    kinds = [wakeup.OUTBOX] if items.outbox else []
+    return (
+        kinds + ([wakeup.SPAWN] if items.spawns else []) + ([wakeup.TIMER] if items.timers else [])
+    )
 
 
 def _batch_limit(limit: object, most: int) -> int:
@@ -215,6 +287,7 @@ class Store:
         # oldest forgotten first. Only a hint: the CAS write checks what it leaves unwritten.
         self._stored: dict[str, tuple[int, str, str | None]] = {}
         self._stored_lock = threading.Lock()
+        self._awaits = Awaits(self, connection.where)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._conn.where!r})"
@@ -244,9 +317,14 @@ class Store:
         server's URL): the relays of one database wait on its signal (`harel_store.wakeup`)."""
         return self._conn.key
 
-    def _work(self) -> None:
-        """Tell the relays of this database, in this process, that there is work."""
-        wakeup.notify(self._conn.key)
+    def _notify(self, signals: Iterable[str]) -> None:
+        """Tell the waiters of this database in this process what changed (`wakeup`)."""
+        wakeup.notify(self._conn.key, signals)
+
+    def _waiter(self) -> wakeup.Waiter:
+        """A subscription to this database's signals: this process's writes, and every other
+        process's through the database's watch (started with the first subscriber)."""
+        return wakeup.Waiter(self._conn.key, self._conn.watch)
 
     @property
     def schema_revision(self) -> str | None:
@@ -390,8 +468,16 @@ class Store:
             exe.version = old
             raise
         self._remember(exe)
-        if outbox or spawn_rows or any(op.action == "schedule" for op in timer_ops):
-            self._work()
+        if consumed is not None:
+            queues.consumed(self._conn.key, consumed)
+        signals = [wakeup.EXECUTION]
+        if outbox:
+            signals.append(wakeup.OUTBOX)
+        if spawn_rows:
+            signals.append(wakeup.SPAWN)
+        if any(op.action == "schedule" for op in timer_ops):
+            signals.append(wakeup.TIMER)
+        self._notify(signals)
         return [results[i] for i in emitted]
 
     def _cas_shape(self, exe: Execution, old: int) -> str:
@@ -801,10 +887,7 @@ class Store:
     def _claim_outbox(
         worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
     ) -> Plan[list[OutboxEntry]]:
-        claimed = yield from _claim(
-            ("mark_dead_outbox", "claim_outbox"), worker, limit, lease, max_attempts
-        )
-        return sorted(queues.decoded(claimed, queues.outbox_entry))
+        return (yield from _claim("outbox", worker, limit, lease, max_attempts))
 
     def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
         """Undelivered outbox entries addressed to the execution, oldest first."""
@@ -845,10 +928,7 @@ class Store:
     def _claim_spawns(
         worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
     ) -> Plan[list[SpawnEntry]]:
-        claimed = yield from _claim(
-            ("mark_dead_spawns", "claim_spawns"), worker, limit, lease, max_attempts
-        )
-        return sorted(queues.decoded(claimed, queues.spawn_entry))
+        return (yield from _claim("spawn", worker, limit, lease, max_attempts))
 
     def due_timers(self, now: float, limit: int | None = None) -> list[DueTimer]:
         """Live timers with ``fire_at <= now``, soonest first: the first ``limit`` (None:
@@ -887,11 +967,107 @@ class Store:
         max_attempts: int | None = None,
     ) -> Plan[list[DueTimer]]:
         due = check_finite(now, "now")
-        claimed = yield from _claim(
-            ("mark_dead_timers", "claim_due_timers"), worker, limit, lease, max_attempts, due
+        return (yield from _claim("timer", worker, limit, lease, max_attempts, due))
+
+    def peek_work(self, now: float) -> WorkAhead:
+        """What a relay could claim at ``now`` (the caller's clock, as `claim_due_timers`
+        takes it), claiming nothing: whether an outbox entry, a spawn and a timer due at
+        ``now`` are claimable, and the soonest timer not due yet. One read, writing nothing
+        (at the primary on an embedded replica: its own copy may lag)."""
+        return self._run(self._peek_work(now))
+
+    @staticmethod
+    def _peek_work(now: float) -> Plan[WorkAhead]:
+        return _work_ahead((yield fresh("work_ahead", check_finite(now, "now"))))
+
+    def claim_work(
+        self,
+        worker: str,
+        now: float,
+        *,
+        kinds: Iterable[str] = DEAD_KINDS,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> ClaimedWork:
+        """The claims of `claim_outbox`, `claim_spawns` and `claim_due_timers` (those of
+        ``kinds``: ``"outbox"``, ``"spawn"``, ``"timer"``; each up to ``limit``, timers due
+        at ``now``), and what is left to claim after them (`peek_work`), in one write
+        transaction: one round trip to a server. A relay's round."""
+        return self._run(
+            self._claim_work(
+                worker, now, kinds=kinds, limit=limit, lease=lease, max_attempts=max_attempts
+            )
         )
-        timers = queues.decoded(claimed, queues.due_timer)
-        return sorted(timers, key=lambda t: (t.fire_at, t.execution_id, t.path))
+
+    @staticmethod
+    def _claim_work(
+        worker: str,
+        now: float,
+        *,
+        kinds: Iterable[str] = DEAD_KINDS,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> Plan[ClaimedWork]:
+        due = check_finite(now, "now")
+        seconds = _check_claim(worker, limit, lease, max_attempts)
+        if isinstance(kinds, str):
+            raise TypeError(f"kinds is a collection of kinds, not one string: ({kinds!r},)")
+        wanted = [k for k in DEAD_KINDS if k in set(kinds)]
+        unknown = set(kinds) - set(DEAD_KINDS)
+        if unknown or not wanted:
+            raise ValueError(f"kinds must name some of {', '.join(DEAD_KINDS)}, not {kinds!r}")
+        batch = Batch()
+        steps = {k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due) for k in wanted}
+        ahead = batch.add("work_ahead", due)
+        results = yield batch
+        claimed = {k: _claimed(k, results, step) for k, step in steps.items()}
+        return ClaimedWork(
+            claimed.get("outbox", []),
+            claimed.get("spawn", []),
+            claimed.get("timer", []),
+            _work_ahead(results[ahead]),
+        )
+
+    def wait_for(
+        self,
+        execution_id: str,
+        *,
+        status: str | Iterable[str] = ("finished", "failed", "cancelled"),
+        timeout: float,
+    ) -> Execution:
+        """The execution as soon as it exists with a status in ``status`` (one status or
+        several), waiting up to ``timeout`` seconds: woken by every commit to the database,
+        this process's or another's (a local file's writes, a server's change
+        notifications), and looking at least every second, never in a busy loop. The
+        calls of a store waiting at once share one read a change. Raises TimeoutError (the
+        builtin) when the time is up, ValueError/TypeError for an unknown status or a
+        timeout that is not 0 to a year of seconds, StoreError if the database fails."""
+        execution_id, statuses, seconds = _wait_args(execution_id, status, timeout)
+        deadline = time.monotonic() + seconds
+        found = self._run(self._awaited({execution_id: statuses}))
+        if execution_id in found:
+            return found[execution_id]
+        call = Call(execution_id, statuses)
+        self._awaits.add(call)
+        try:
+            if not call.done.wait(max(deadline - time.monotonic(), 0.0)):
+                raise TimeoutError(wait_message(execution_id, statuses, seconds))
+            return call.outcome()
+        finally:
+            self._awaits.remove(call)
+
+    def _wanted_now(self, wanted: dict[str, frozenset[str]]) -> dict[str, Execution]:
+        """`_awaited`, run: what wait_for's reader reads (from its own thread)."""
+        return self._run(self._awaited(wanted))
+
+    def _awaited(self, wanted: dict[str, frozenset[str]]) -> Plan[dict[str, Execution]]:
+        """Of the executions ``wanted`` (id -> statuses), those at one of their statuses, in
+        one read (of the primary on a replica)."""
+        arg = json.dumps({execution_id: sorted(s) for execution_id, s in wanted.items()})
+        rows = yield fresh("awaited", arg)
+        return {execution_id: self._execution(execution_id, data) for execution_id, data in rows}
 
     def ack(self, items: Iterable[RelayItem]) -> int:
         """Consume delivered items, any mix of `OutboxEntry`, `SpawnEntry` and `DueTimer`
@@ -976,8 +1152,9 @@ class Store:
         return self._run(self._revive(items))
 
     def _revive(self, items: Iterable[RelayItem]) -> Plan[int]:
-        revived = yield from self._each(queues.items_of(items, "revive"), "revive")
-        self._work()
+        checked = queues.items_of(items, "revive")
+        revived = yield from self._each(checked, "revive")
+        self._notify(_kinds(checked))
         return revived
 
     def release(self, worker: str, items: Iterable[RelayItem]) -> int:
@@ -988,10 +1165,9 @@ class Store:
 
     def _release(self, worker: str, items: Iterable[RelayItem]) -> Plan[int]:
         check_id(worker, "worker")
-        released = yield from self._each(
-            queues.items_of(items, "release"), "release", worker=worker
-        )
-        self._work()
+        checked = queues.items_of(items, "release")
+        released = yield from self._each(checked, "release", worker=worker)
+        self._notify(_kinds(checked))
         return released
 
     @staticmethod
@@ -1087,7 +1263,9 @@ class Store:
         self._conn.sync()
 
     def close(self) -> None:
-        """Close the connection; the store is unusable afterwards (a second close is a no-op)."""
+        """Close the connection; the store is unusable afterwards (a second close is a no-op).
+        A `wait_for` waiting meanwhile raises StoreError."""
+        self._awaits.close()
         self._conn.close()
 
     # --- operator reads and the tree purge (the harel-store CLI) ---

@@ -123,6 +123,15 @@ SELECT data FROM harel_executions WHERE id = ?;
 SELECT (SELECT data FROM harel_executions WHERE id = ?1),
        EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2);
 
+-- name: awaited
+-- row: id text, data text
+-- What the wait_for calls of a store wait on, read at once: of the executions in ?1, a JSON
+-- object of id -> [status, ...], those now at one of their statuses, with their record.
+-- One primary-key lookup a waited execution.
+SELECT e.id, e.data FROM json_each(?1) AS w
+JOIN harel_executions AS e ON e.id = w.key
+WHERE e.status IN (SELECT value FROM json_each(w.value));
+
 -- name: is_processed$
 -- row: found int
 SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
@@ -649,6 +658,27 @@ WHERE execution_id = ? AND path = ? AND fire_at = ?;
 UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
 WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: work_ahead^
+-- row: outbox int, spawns int, timers int, next_timer_at real?
+-- What a relay could claim at ?1 (the caller's clock, as claim_due_timers takes it), without
+-- claiming it: whether an outbox entry, a spawn and a timer due at ?1 are claimable (live,
+-- held by no live lease nor waiting out a fail's retry), and the soonest live timer not due
+-- at ?1. Each EXISTS walks its queue from its first live row, as a claim does, and stops at
+-- the first claimable one; the last part is one seek of the fire_at index. A relay reads
+-- this before it claims, so that an idle one writes nothing; a claim_work batch reads it
+-- after its claims, so that a relay knows at once whether to claim again.
+SELECT
+    EXISTS (SELECT 1 FROM harel_outbox WHERE seq > 0
+            AND (claimed_until IS NULL
+                 OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+    EXISTS (SELECT 1 FROM harel_spawns WHERE seq > 0
+            AND (claimed_until IS NULL
+                 OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+    EXISTS (SELECT 1 FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL
+            AND (claimed_until IS NULL
+                 OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+    (SELECT min(fire_at) FROM harel_timers WHERE fire_at > ?1 AND dead_at IS NULL);
 
 -- name: attempts_of
 -- row: kind text, key any, path text?, fire_at real?, attempts int
