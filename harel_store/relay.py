@@ -1,16 +1,24 @@
 """The relay runtime: the worker that runs the outbox, the spawns and the timers.
 
-`Relay` (threads) and `AsyncRelay` (coroutines) are clients of the store's public methods
-and nothing else: each round claims a batch of each kind that has a handler, calls the
-handler for each item, acks the items whose handler returned in one `ack`, `fail`s those
-whose handler raised with a doubling backoff, and releases what it claimed and did not
-get to (a `stop`). While a round works, a keeper renews the leases of the batch in hand.
-An idle relay sleeps up to ``poll`` seconds, and wakes at once when a store of this process
-commits work for it (`harel_store.wakeup`).
+`Relay` (threads) and `AsyncRelay` (coroutines) are clients of the store: each round claims
+what there is of each kind that has a handler (`claim_work`: one write, which also says
+what is left), calls the handler for each item, acks in one `ack` the items whose handler
+returned (but those its handler consumed in its own commit: nothing is left to remove),
+`fail`s those whose handler raised with a doubling backoff, and releases what it claimed
+and did not get to (a `stop`). A handler that raises `StoreConflict` (another writer moved
+the execution it stepped) is called again at once. While a round works, a keeper renews
+the leases of the batch in hand.
+
+Between rounds a relay waits for its database's signals (`harel_store.wakeup`): this
+process's commits, and every other process's through the database's watch (a file's
+writes, a server's change notifications). It claims at once the kinds a signal names, reads
+what is claimable (`peek_work`, which writes nothing) when a signal names nothing in
+particular, wakes for the soonest armed timer it knows of and for its own failed items'
+retries, and looks every ``poll`` seconds in case a signal was missed.
 
 Delivery is at least once: a handler should consume its item in the commit that handles
 it (``commit(..., processed_event_id=..., acks=(item,))``), which makes a repeat after a
-lost lease harmless; the round's `ack` of an item already consumed removes nothing.
+lost lease harmless.
 """
 
 from __future__ import annotations
@@ -20,20 +28,32 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from harel_store import queues
 from harel_store.aio import AsyncLibsqlStore
+from harel_store.batch import settle
 from harel_store.checks import check_finite, check_id, check_max_attempts, check_timeout
-from harel_store.errors import StoreError
-from harel_store.models import DueTimer, OutboxEntry, RelayItem, SpawnEntry
+from harel_store.errors import StoreConflict, StoreError
+from harel_store.models import (
+    ClaimedWork,
+    DeadKind,
+    DueTimer,
+    OutboxEntry,
+    RelayItem,
+    SpawnEntry,
+    WorkAhead,
+)
 from harel_store.store import MAX_PAGE, Store
-from harel_store.wakeup import Waiter
+from harel_store.wakeup import ANY, EXECUTION, PACE, TIMER, Waiter
 
 log = logging.getLogger("harel_store.relay")
 
 H = TypeVar("H")
+
+# A handler that raised StoreConflict is called again at once, this many times in a round.
+CONFLICT_RETRIES = 10
 
 
 class _Options(Generic[H]):
@@ -42,7 +62,7 @@ class _Options(Generic[H]):
     def __init__(
         self,
         worker: str,
-        handlers: dict[str, H | None],
+        handlers: dict[DeadKind, H | None],
         batch: int,
         lease: float,
         max_attempts: int | None,
@@ -82,15 +102,87 @@ class _Options(Generic[H]):
         first, longest = self.backoff
         return min(first * 2.0 ** min(attempts - 1, 64), longest)
 
-    def claims(self, store: Any) -> list[tuple[str, Callable[[], Any]]]:
-        """Each kind with a handler and its claim (a call on the sync or the async store)."""
-        options = {"limit": self.batch, "lease": self.lease, "max_attempts": self.max_attempts}
-        calls = {
-            "outbox": lambda: store.claim_outbox(self.worker, **options),
-            "spawn": lambda: store.claim_spawns(self.worker, **options),
-            "timer": lambda: store.claim_due_timers(self.worker, time.time(), **options),
-        }
-        return [(kind, calls[kind]) for kind in self.handlers]
+    def claim(self, store: Any, kinds: Collection[DeadKind]) -> Any:
+        """The round's claim of ``kinds`` (a call on the sync or the async store)."""
+        return store.claim_work(
+            self.worker,
+            time.time(),
+            kinds=kinds,
+            limit=self.batch,
+            lease=self.lease,
+            max_attempts=self.max_attempts,
+        )
+
+
+class _Schedule:
+    """What a relay knows of its database between rounds, and so what it does next: the
+    kinds to claim at once (``todo``), whether to read what is claimable first (``look``;
+    ``look_paced``: at most every PACE seconds), the soonest timer not yet due and the
+    soonest retry of its own failed items (wall clock), and when it last looked."""
+
+    def __init__(self, kinds: Collection[DeadKind], poll: float) -> None:
+        self.kinds = frozenset(kinds)
+        self.poll = poll
+        self.todo: set[DeadKind] = set()
+        self.look = True  # what is there to claim? (a read: an idle relay writes nothing)
+        self.look_paced = False
+        self.next_timer: float | None = None
+        self.retry_at: float | None = None
+        self.looked_at = self.peeked_at = time.monotonic()
+
+    def learn(self, ahead: WorkAhead) -> None:
+        """What the database said is claimable (a peek, or after a round's claims)."""
+        self.todo = {kind for kind in self.kinds if ahead.ready(kind)}
+        self.next_timer = ahead.next_timer_at if "timer" in self.kinds else None
+        self.looked_at = time.monotonic()
+        self.look = self.look_paced = False
+
+    def peeked(self, ahead: WorkAhead) -> None:
+        self.learn(ahead)
+        self.peeked_at = self.looked_at
+
+    def failed(self) -> None:
+        """A round or a peek failed: try again after a poll."""
+        self.todo.clear()
+        self.looked_at = time.monotonic()
+        self.look = self.look_paced = False
+
+    def retry(self, seconds: float) -> None:
+        """Items of this relay became claimable again ``seconds`` from now."""
+        at = time.time() + seconds
+        self.retry_at = at if self.retry_at is None else min(self.retry_at, at)
+
+    def heard(self, signals: frozenset[str]) -> None:
+        """Signals since the last look: new work of a kind is claimed at once; an armed
+        timer, or a change of unknown kind, is read first; an execution's change may have
+        armed a timer (a server names no more), read at most every PACE seconds."""
+        self.todo |= {kind for kind in self.kinds if kind in signals and kind != "timer"}
+        if ANY in signals or (TIMER in signals and "timer" in self.kinds):
+            self.look = True
+        elif EXECUTION in signals and "timer" in self.kinds:
+            self.look_paced = True
+
+    def next(self) -> tuple[str, float]:
+        """What to do now: ``("claim", 0)``, ``("peek", 0)``, or ``("wait", seconds)``."""
+        wall, now = time.time(), time.monotonic()
+        if self.next_timer is not None and wall >= self.next_timer:
+            self.todo.add("timer")
+            self.next_timer = None
+        if self.retry_at is not None and wall >= self.retry_at:
+            self.look, self.retry_at = True, None
+        if now - self.looked_at >= self.poll:
+            self.look = True
+        if self.todo:
+            return "claim", 0.0
+        if self.look or (self.look_paced and now - self.peeked_at >= PACE):
+            return "peek", 0.0
+        wait = self.looked_at + self.poll - now
+        for at in (self.next_timer, self.retry_at):
+            if at is not None:
+                wait = min(wait, at - wall)
+        if self.look_paced:
+            wait = min(wait, self.peeked_at + PACE - now)
+        return "wait", max(wait, 0.0)
 
 
 def _error(exc: BaseException) -> str:
@@ -149,6 +241,14 @@ def _retries(
     return groups
 
 
+def _conflicted(item: RelayItem, tries: int, exc: StoreConflict) -> bool:
+    """Whether to call the handler again at once after its ``tries``-th conflict in a row."""
+    if tries > CONFLICT_RETRIES:
+        return False
+    log.debug("%s: conflict %d, handled again: %s", queues.describe(item), tries, exc)
+    return True
+
+
 class Relay:
     """Runs a store's relays in this thread: ``on_outbox(entry)``, ``on_spawn(spawn)`` and
     ``on_timer(timer)`` (timers due by the wall clock) for every item claimed as ``worker``.
@@ -156,8 +256,11 @@ class Relay:
     ``batch`` items of each kind a round, each under a ``lease`` of seconds (renewed while
     the round works); an item whose handler raised is claimable again after a backoff that
     doubles with each attempt from ``backoff[0]`` to at most ``backoff[1]`` seconds, and a
-    claim makes it a dead letter after ``max_attempts`` (None: never). ``poll``: the longest
-    an idle relay sleeps. ValueError/TypeError for bad arguments, before anything runs.
+    claim makes it a dead letter after ``max_attempts`` (None: never). A handler that raises
+    `StoreConflict` is called again at once, up to 10 times in a round, with no attempt
+    counted. ``poll``: the longest an idle relay waits before it looks at the database
+    anyway (it is woken sooner by any process's commit, and by its soonest timer).
+    ValueError/TypeError for bad arguments, before anything runs.
     """
 
     def __init__(
@@ -176,12 +279,13 @@ class Relay:
     ) -> None:
         if not isinstance(store, Store):
             raise TypeError(f"Relay runs over a LibsqlStore or SqliteStore, not {store!r:.60}")
-        handlers = {"outbox": on_outbox, "spawn": on_spawn, "timer": on_timer}
+        handlers: dict[DeadKind, Any] = {"outbox": on_outbox, "spawn": on_spawn, "timer": on_timer}
         self._o: _Options[Callable[[Any], object]] = _Options(
             worker, handlers, batch, lease, max_attempts, backoff, poll
         )
         self._store = store
         self._stopping = threading.Event()
+        self._running = threading.Lock()
         self._waiter: Waiter | None = None  # while run() runs
 
     def __repr__(self) -> str:
@@ -196,66 +300,89 @@ class Relay:
             waiter.set()
 
     def run(self) -> None:
-        """Run rounds until `stop`; while there is nothing to do, sleep up to ``poll``
-        seconds, or until a store of this process commits work for this database. A
+        """Run rounds until `stop`. Between them, wait for work: woken by any process's
+        commit to the database, by the soonest armed timer, or after ``poll`` seconds. A
         round's store error (a server gone) is logged and the round tried again after
-        ``poll``; a handler's exception never ends it (KeyboardInterrupt and kin do)."""
-        self._waiter = waiter = Waiter(self._store.database_key)
+        ``poll``; a handler's exception never ends it (KeyboardInterrupt and kin do).
+        RuntimeError if this relay is running already (in another thread)."""
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError(f"{self!r} is running already: one run() at a time")
         try:
-            while not self._stopping.is_set():
-                waiter.clear()  # a commit from here on wakes the wait below
-                try:
-                    handled = self._round()
-                except StoreError as exc:
-                    log.warning("relay %s: a round failed: %s", self._o.worker, exc)
-                    handled = 0
-                if not handled and not self._stopping.is_set():
-                    waiter.wait(self._o.poll)
+            self._waiter = waiter = self._store._waiter()
+            schedule = _Schedule(self._o.handlers, self._o.poll)
+            try:
+                while not self._stopping.is_set():
+                    schedule.heard(waiter.take())
+                    action, wait = schedule.next()
+                    try:
+                        if action == "claim":
+                            self._round(schedule, schedule.todo)
+                        elif action == "peek":
+                            schedule.peeked(self._store.peek_work(time.time()))
+                        else:
+                            waiter.wait(wait)
+                    except StoreError as exc:
+                        log.warning("relay %s: a round failed: %s", self._o.worker, exc)
+                        schedule.failed()
+            finally:
+                self._waiter = None
+                waiter.close()
         finally:
-            self._waiter = None
-            waiter.close()
             self._stopping.clear()  # run() may be called again
+            self._running.release()
 
     def run_once(self) -> int:
-        """One round: claim, handle, ack, fail, release. Returns how many items were
-        handled (their handler returned or raised)."""
+        """One round: claim (every kind), handle, ack, fail, release. Returns how many items
+        were handled (their handler returned or raised)."""
         self._stopping.clear()
-        return self._round()
+        return self._round(_Schedule(self._o.handlers, self._o.poll), self._o.handlers)
 
-    def _round(self) -> int:
-        claimed = []
-        for kind, claim in self._o.claims(self._store):
-            if self._stopping.is_set():
-                break
-            claimed += [(self._o.handlers[kind], item) for item in claim()]
-        if not claimed:
+    def _round(self, schedule: _Schedule, kinds: Collection[DeadKind]) -> int:
+        claimed: ClaimedWork = self._o.claim(self._store, kinds)
+        schedule.learn(claimed.ahead)
+        items = claimed.items()
+        if not items:
             return 0
-        outcome = _Round([item for _, item in claimed])
-        try:
-            with self._keeper(outcome):
-                for handler, item in claimed:
-                    if self._stopping.is_set():
-                        break
-                    if id(item) in outcome.lost:
-                        continue
-                    try:
-                        handler(item)
-                    except Exception as exc:  # KeyboardInterrupt and kin end the relay
-                        outcome.failed.append((item, _error(exc)))
-                    else:
-                        outcome.done.append(item)
-        finally:
-            self._settle(outcome)
+        outcome = _Round([item for _, item in items])
+        with queues.Holding(self._store.database_key, outcome.claimed) as holding:
+            try:
+                with self._keeper(outcome):
+                    for kind, item in items:
+                        if self._stopping.is_set():
+                            break
+                        if id(item) not in outcome.lost:
+                            self._handle(self._o.handlers[kind], item, outcome)
+            finally:
+                self._settle(outcome, holding, schedule)
         return outcome.handled
 
-    def _settle(self, outcome: _Round) -> None:
+    @staticmethod
+    def _handle(handler: Callable[[Any], object], item: RelayItem, outcome: _Round) -> None:
+        tries = 0
+        while True:
+            try:
+                handler(item)
+            except StoreConflict as exc:
+                tries += 1
+                if _conflicted(item, tries, exc):
+                    continue
+                outcome.failed.append((item, _error(exc)))
+            except Exception as exc:  # KeyboardInterrupt and kin end the relay
+                outcome.failed.append((item, _error(exc)))
+            else:
+                outcome.done.append(item)
+            return
+
+    def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:
         store, worker = self._store, self._o.worker
-        if outcome.done:
-            store.ack(outcome.done)
+        done = holding.unconsumed(outcome.done)
+        if done:
+            store.ack(done)
         if outcome.failed:
             attempts = store.attempts_of([item for item, _ in outcome.failed])
             for (error, retry), items in _retries(self._o, outcome.failed, attempts).items():
                 store.fail(worker, items, error=error, retry_in=retry)
+                schedule.retry(retry)
         left = outcome.left()
         if left:
             store.release(worker, left)
@@ -311,7 +438,7 @@ class AsyncRelay:
     ) -> None:
         if not isinstance(store, AsyncLibsqlStore):
             raise TypeError(f"AsyncRelay runs over an AsyncLibsqlStore, not {store!r:.60}")
-        handlers = {"outbox": on_outbox, "spawn": on_spawn, "timer": on_timer}
+        handlers: dict[DeadKind, Any] = {"outbox": on_outbox, "spawn": on_spawn, "timer": on_timer}
         self._o: _Options[AsyncHandler] = _Options(
             worker, handlers, batch, lease, max_attempts, backoff, poll
         )
@@ -322,6 +449,7 @@ class AsyncRelay:
         self._concurrency = concurrency
         self._store = store
         self._stopping = threading.Event()
+        self._running = False
         self._waiter: Waiter | None = None
 
     def __repr__(self) -> str:
@@ -335,71 +463,99 @@ class AsyncRelay:
 
     async def run(self) -> None:
         """Async version of `Relay.run`."""
-        self._waiter = waiter = Waiter(self._store.database_key)
+        if self._running:
+            raise RuntimeError(f"{self!r} is running already: one run() at a time")
+        self._running = True
         try:
-            while not self._stopping.is_set():
-                waiter.clear()
-                try:
-                    handled = await self._round()
-                except StoreError as exc:
-                    log.warning("relay %s: a round failed: %s", self._o.worker, exc)
-                    handled = 0
-                if not handled and not self._stopping.is_set():
-                    await waiter.await_signal(self._o.poll)
+            self._waiter = waiter = self._store._waiter()
+            schedule = _Schedule(self._o.handlers, self._o.poll)
+            try:
+                while not self._stopping.is_set():
+                    schedule.heard(waiter.take())
+                    action, wait = schedule.next()
+                    try:
+                        if action == "claim":
+                            await self._round(schedule, schedule.todo)
+                        elif action == "peek":
+                            schedule.peeked(await self._store.peek_work(time.time()))
+                        else:
+                            await waiter.await_signal(wait)
+                    except StoreError as exc:
+                        log.warning("relay %s: a round failed: %s", self._o.worker, exc)
+                        schedule.failed()
+            finally:
+                self._waiter = None
+                waiter.close()
         finally:
-            self._waiter = None
-            waiter.close()
             self._stopping.clear()
+            self._running = False
 
     async def run_once(self) -> int:
-        """Async version of `Relay.run_once`: the kinds claimed at once, then up to
+        """Async version of `Relay.run_once`: one claim of every kind, then up to
         ``concurrency`` handlers in flight."""
         self._stopping.clear()
-        return await self._round()
+        return await self._round(_Schedule(self._o.handlers, self._o.poll), self._o.handlers)
 
-    async def _round(self) -> int:
-        kinds = self._o.claims(self._store)
-        batches = await asyncio.gather(*(claim() for _, claim in kinds))
-        claimed = [
-            (self._o.handlers[kind], item)
-            for (kind, _), items in zip(kinds, batches, strict=True)
-            for item in items
-        ]
-        if not claimed:
+    async def _round(self, schedule: _Schedule, kinds: Collection[DeadKind]) -> int:
+        # A claim under way when the round is cancelled is waited for, and what it claimed
+        # released, before the cancellation goes on: nothing sits out a lease unhandled.
+        task, cancelled = await settle(self._o.claim(self._store, kinds))
+        if cancelled is not None:
+            if not task.cancelled() and task.exception() is None:
+                taken = [item for _, item in task.result().items()]
+                if taken:
+                    with contextlib.suppress(StoreError):
+                        await self._store.release(self._o.worker, taken)
+            raise cancelled
+        claimed: ClaimedWork = task.result()
+        schedule.learn(claimed.ahead)
+        items = claimed.items()
+        if not items:
             return 0
-        outcome = _Round([item for _, item in claimed])
+        outcome = _Round([item for _, item in items])
         slots = asyncio.Semaphore(self._concurrency)
 
         async def handle(handler: AsyncHandler, item: RelayItem) -> None:
             async with slots:
                 if self._stopping.is_set() or id(item) in outcome.lost:
                     return
-                try:
-                    await handler(item)
-                except Exception as exc:
-                    outcome.failed.append((item, _error(exc)))
-                else:
-                    outcome.done.append(item)
+                tries = 0
+                while True:
+                    try:
+                        await handler(item)
+                    except StoreConflict as exc:
+                        tries += 1
+                        if _conflicted(item, tries, exc):
+                            continue
+                        outcome.failed.append((item, _error(exc)))
+                    except Exception as exc:
+                        outcome.failed.append((item, _error(exc)))
+                    else:
+                        outcome.done.append(item)
+                    return
 
-        keeper = asyncio.ensure_future(self._keep(outcome))
-        try:
-            await asyncio.gather(*(handle(h, item) for h, item in claimed))
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            await self._settle(outcome)
+        with queues.Holding(self._store.database_key, outcome.claimed) as holding:
+            keeper = asyncio.ensure_future(self._keep(outcome))
+            try:
+                await asyncio.gather(*(handle(self._o.handlers[k], item) for k, item in items))
+            finally:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+                await self._settle(outcome, holding, schedule)
         return outcome.handled
 
-    async def _settle(self, outcome: _Round) -> None:
+    async def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:
         store, worker = self._store, self._o.worker
         writes: list[Awaitable[Any]] = []
-        if outcome.done:
-            writes.append(store.ack(outcome.done))
+        done = holding.unconsumed(outcome.done)
+        if done:
+            writes.append(store.ack(done))
         if outcome.failed:
             attempts = await store.attempts_of([item for item, _ in outcome.failed])
             for (error, retry), items in _retries(self._o, outcome.failed, attempts).items():
                 writes.append(store.fail(worker, items, error=error, retry_in=retry))
+                schedule.retry(retry)
         left = outcome.left()
         if left:
             writes.append(store.release(worker, left))

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from harel_store import (
+    ClaimedWork,
     DeadLetter,
     DueTimer,
     Event,
@@ -26,6 +27,7 @@ from harel_store import (
     SpawnEntry,
     StoreConflict,
     TimerOp,
+    WorkAhead,
 )
 from harel_store.checks import MAX_ERROR
 from tests.test_claims import elapse, move_back
@@ -425,3 +427,77 @@ def test_attempts_of_reads_each_items_claims_in_one_read(store: Any) -> None:
     gone = [OutboxEntry(99, "target", Event(name="x")), DueTimer("source", "t1", 9.0)]
     assert store.attempts_of([t2, first, spawn, second, t1, *gone]) == [1, 2, 2, 1, 2, 0, 0]
     assert store.attempts_of([]) == []
+
+
+# --- a relay's look and its round: peek_work and claim_work ---
+
+
+def test_peek_work_says_what_is_claimable_and_writes_nothing(store: Any) -> None:
+    nothing = store.peek_work(10.0)
+    assert nothing == WorkAhead(False, False, False, None)
+    seed(store)
+    before = snapshot(store)
+    assert store.peek_work(0.5) == WorkAhead(True, True, False, 1.0)
+    assert store.peek_work(1.0) == WorkAhead(True, True, True, 2.0)
+    assert store.peek_work(10.0) == WorkAhead(True, True, True, None)
+    assert snapshot(store) == before  # a look writes nothing
+    # A row held by a live lease, or waiting out a fail's retry, is not claimable.
+    claimed(store, lease=60.0)
+    assert store.peek_work(10.0) == WorkAhead(False, False, False, None)
+
+
+def test_claim_work_claims_each_kind_asked_and_says_what_is_left(store: Any) -> None:
+    seed(store)
+    first = store.claim_work("w1", 1.0, kinds=("outbox", "timer"), limit=1)
+    assert [e.event.id for e in first.outbox] == ["ev-a"]
+    assert first.spawns == [] and [(t.path, t.fire_at) for t in first.timers] == [("t1", 1.0)]
+    assert first.ahead == WorkAhead(True, True, False, 2.0)  # ev-b and the spawn are left
+    assert [(kind, type(item)) for kind, item in first.items()] == [
+        ("outbox", OutboxEntry),
+        ("timer", DueTimer),
+    ]
+    rest = store.claim_work("w2", 10.0, lease=60.0)
+    assert [e.event.id for e in rest.outbox] == ["ev-b"]
+    assert [s.child_id for s in rest.spawns] == ["child"]
+    assert [t.path for t in rest.timers] == ["t2"]
+    assert rest.ahead == WorkAhead(False, False, False, None)
+    # Each claim counted an attempt, as the claims of one kind do.
+    assert [(e.event.id, e.attempts, e.claimed_by) for e in store.outbox_view()] == [
+        ("ev-a", 1, "w1"),
+        ("ev-b", 1, "w2"),
+    ]
+    assert store.claim_work("w3", 10.0) == ClaimedWork([], [], [], rest.ahead)
+
+
+def test_claim_work_makes_dead_letters_at_max_attempts(store: Any) -> None:
+    seed(store)
+    store.claim_work("w1", 10.0, kinds=["outbox"], lease=1.0, max_attempts=1)
+    elapse(store, 2.0)
+    again = store.claim_work("w1", 10.0, kinds=["outbox"], max_attempts=1)
+    assert again.outbox == [] and not again.ahead.outbox
+    assert sorted(d.item.event.id for d in store.dead_letters()) == ["ev-a", "ev-b"]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"kinds": ()}, ValueError),
+        ({"kinds": ("outbox", "mail")}, ValueError),
+        ({"kinds": "outbox"}, TypeError),
+        ({"limit": 0}, ValueError),
+        ({"lease": -1.0}, ValueError),
+        ({"max_attempts": 0}, ValueError),
+    ],
+)
+def test_claim_work_refuses_bad_arguments_and_writes_nothing(
+    store: Any, options: dict[str, Any], error: type[Exception]
+) -> None:
+    seed(store)
+    before = snapshot(store)
+    with pytest.raises(error):
+        store.claim_work("w1", 10.0, **options)
+    with pytest.raises(ValueError):
+        store.claim_work("", 10.0)
+    with pytest.raises(ValueError):
+        store.peek_work(math.nan)
+    assert snapshot(store) == before

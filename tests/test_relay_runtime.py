@@ -31,6 +31,7 @@ from harel_store import (
     StoreConflict,
     TimerOp,
 )
+from harel_store.batch import Batch
 from tests.test_claims import elapse
 
 WAIT = 10.0  # seconds a test waits for what must happen (a relay's poll is 30)
@@ -240,3 +241,95 @@ def test_each_relay_takes_only_its_own_kind_of_store() -> None:
     asyncio.run(main())
     with LibsqlStore(":memory:") as sync, pytest.raises(TypeError):
         AsyncRelay(sync, "w1", on_outbox=_coroutine(print))  # type: ignore[arg-type]
+
+
+def test_a_conflicting_handler_is_called_again_at_once_with_no_attempt_counted(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = harness.store
+    seed(store)
+    direct = store.sync_store if harness.aio is not None else store
+    calls: list[str] = []
+
+    def deliver(entry: OutboxEntry) -> None:
+        """Another writer moves the target under the first three tries of ev-0."""
+        calls.append(entry.event.id)
+        exe, seen = direct.load_for_event(entry.target_id, entry.event.id)
+        assert exe is not None and not seen
+        if entry.event.id == "ev-0" and calls.count("ev-0") <= 3:
+            other = direct.load("target")
+            direct.save(other)
+        direct.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
+
+    relay = harness.relay(on_outbox=deliver, backoff=(100.0, 100.0))
+    with caplog.at_level(logging.DEBUG, logger="harel_store.relay"):
+        assert harness.run_once(relay) == 3
+    assert calls == ["ev-0"] * 4 + ["ev-1", "ev-2"]
+    assert state(store)[0] == 0 and store.dead_letters() == []  # delivered, no backoff
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("conflict" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_the_eleventh_conflict_in_a_row_is_an_ordinary_failure(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = harness.store
+    seed(store)
+    calls: list[str] = []
+
+    def deliver(entry: OutboxEntry) -> None:
+        calls.append(entry.event.id)
+        if entry.event.id == "ev-1":
+            raise StoreConflict("target", expected=1, found=2)
+
+    relay = harness.relay(on_outbox=deliver, backoff=(100.0, 100.0))
+    with caplog.at_level(logging.WARNING, logger="harel_store.relay"):
+        assert harness.run_once(relay) == 3
+    assert calls.count("ev-1") == 11
+    (failed,) = [e for e in store.outbox_view() if e.event.id == "ev-1"]
+    assert failed.attempts == 1 and failed.last_error is not None
+    assert failed.last_error.startswith("StoreConflict")
+    assert [r.getMessage() for r in caplog.records if "failed on attempt" in r.getMessage()] == [
+        f"outbox entry {failed.seq} failed on attempt 1 of 10: {failed.last_error}; retry in 100 s"
+    ]
+
+
+def test_a_round_sends_no_ack_for_what_its_handlers_consumed(harness: Harness) -> None:
+    store = harness.store
+    seed(store)
+    direct = store.sync_store if harness.aio is not None else store
+    conn = direct._conn
+    execute = conn.execute
+    writes: list[str] = []
+
+    def spy(request: Any) -> Any:
+        if isinstance(request, Batch):
+            writes.append(request.steps[0][0].name)
+        return execute(request)
+
+    conn.execute = spy
+    if harness.aio is not None and harness.aio._remote is not None:
+        harness.aio._remote.aexecute = _spied(harness.aio._remote.aexecute, writes)
+
+    def deliver(entry: OutboxEntry) -> None:
+        exe, _ = direct.load_for_event(entry.target_id, entry.event.id)
+        direct.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
+
+    relay = harness.relay(on_outbox=deliver)
+    assert harness.run_once(relay) == 3
+    assert not [name for name in writes if name.startswith(("ack_", "delete_timer"))], writes
+    assert state(store)[0] == 0
+    # What a handler did not consume is acked by the round.
+    seed_more = store.load("source")
+    store.commit(seed_more, [("target", Event(name="go"))])
+    assert harness.run_once(harness.relay(on_outbox=lambda entry: None)) == 1
+    assert "ack_outbox" in writes and state(store)[0] == 0
+
+
+def _spied(aexecute: Any, writes: list[str]) -> Any:
+    async def spy(request: Any) -> Any:
+        if isinstance(request, Batch):
+            writes.append(request.steps[0][0].name)
+        return await aexecute(request)
+
+    return spy
