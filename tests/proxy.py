@@ -6,7 +6,9 @@ them, tracks how many are awaiting their answer at once, and can delay each requ
 ``cut`` drops the connection instead of forwarding a request, ``drop`` forwards it and
 drops the connection instead of the answer, ``blackhole`` swallows every byte either way on
 every connection (HTTP/2 too: a replica's sync) while it lasts. ``on_answer``, if
-set, runs once when the next answer arrives, before it is passed on. With ``tls`` it
+set, runs once when the next answer arrives, before it is passed on. With ``listen`` False
+it answers a change notifications request (``GET /beta/listen``) with a 404 itself, as a
+server without them does. With ``tls`` it
 terminates TLS in front of a plain-HTTP server.
 
 It runs on threads, so it only suits clients that release the GIL while they wait (our HTTP
@@ -35,6 +37,7 @@ class Proxy:
         self.mode: Mode = "forward"
         self.delay = 0.0  # seconds added before each request is forwarded
         self.on_answer: Callable[[], object] | None = None
+        self.listen = True  # False: a change notifications request is answered 404
         self.requests = 0  # requests seen, whatever became of them
         self.in_flight = 0
         self.max_in_flight = 0
@@ -99,6 +102,9 @@ class Proxy:
             while data := src.recv(65536):
                 if self.mode == "blackhole":
                     continue  # swallowed: neither forwarded nor answered
+                if upstream and not self.listen and data.startswith(b"GET /beta/listen"):
+                    src.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\nnot found")
+                    break
                 pattern = REQUEST_LINE if upstream else STATUS_LINE
                 seen = len(pattern.findall(data))
                 if seen and upstream:

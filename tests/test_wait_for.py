@@ -1,0 +1,212 @@
+"""`wait_for` on every kind of store (sync and async): the execution as soon as it reaches a
+status, woken by a commit of this process or of another one (with its fallback poll made
+30 s, so only a wake-up passes), the builtin TimeoutError, bad arguments, a store closed
+under a waiter, and many waiters sharing one read a change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harel_store import AsyncLibsqlStore, Execution, LibsqlStore, StoreError, awaiting
+from harel_store.batch import Batch
+from tests.test_wakeup import WOKEN, Database, database
+
+FINAL = ("finished", "failed", "cancelled")
+
+
+@pytest.fixture(autouse=True)
+def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a wake-up ends a wait within a test's bound: the reader's poll is 30 s."""
+    monkeypatch.setattr(awaiting, "POLL", 30.0)
+
+
+def sync(store: Any) -> Any:
+    """The store a helper thread writes through (an async store's facade runs one loop)."""
+    return getattr(store, "sync_store", store)
+
+
+def finish(store: Any, execution_id: str, status: str = "finished") -> None:
+    store = sync(store)
+    exe = store.load(execution_id)
+    exe.status = status
+    store.commit(exe, [])
+
+
+def later(seconds: float, action: Any, *args: Any) -> threading.Thread:
+    def run() -> None:
+        time.sleep(seconds)
+        action(*args)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_execution_already_there_comes_back_at_once(store: Any) -> None:
+    store.save(Execution(id="a", definition_id="d", status="failed"))
+    started = time.monotonic()
+    exe = store.wait_for("a", timeout=0)
+    assert (exe.id, exe.status, exe.version) == ("a", "failed", 1)
+    assert store.wait_for("a", status="failed", timeout=5).status == "failed"
+    assert time.monotonic() - started < WOKEN
+
+
+def test_a_commit_of_this_process_wakes_the_waiter(store: Any) -> None:
+    store.save(Execution(id="a", definition_id="d"))
+    helper = later(0.3, finish, store, "a")
+    started = time.monotonic()
+    exe = store.wait_for("a", timeout=10)
+    helper.join()
+    assert exe.status == "finished" and exe.version == 2
+    assert time.monotonic() - started < 0.3 + WOKEN
+
+
+def test_a_waiter_waits_for_an_execution_not_yet_made(store: Any) -> None:
+    later(0.2, sync(store).save, Execution(id="new", definition_id="d"))
+    assert store.wait_for("new", status="running", timeout=10).version == 1
+
+
+def test_a_status_not_reached_is_a_timeout(store: Any) -> None:
+    store.save(Execution(id="a", definition_id="d"))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"'a' did not reach cancelled or failed within 0\.4 s"):
+        store.wait_for("a", status=["failed", "cancelled"], timeout=0.4)
+    assert 0.4 <= time.monotonic() - started < 0.4 + WOKEN
+    with pytest.raises(TimeoutError):
+        store.wait_for("missing", timeout=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"timeout": -1}, ValueError),
+        ({"timeout": math.nan}, ValueError),
+        ({"timeout": math.inf}, ValueError),
+        ({"timeout": "1"}, TypeError),
+        ({"timeout": True}, TypeError),
+        ({"timeout": 1, "status": "done"}, ValueError),
+        ({"timeout": 1, "status": ["finished", "over"]}, ValueError),
+        ({"timeout": 1, "status": []}, ValueError),
+    ],
+)
+def test_bad_arguments_are_refused(store: Any, options: dict[str, Any], error: type) -> None:
+    with pytest.raises(error):
+        store.wait_for("a", **options)
+    with pytest.raises((ValueError, TypeError)):
+        store.wait_for("", timeout=1)
+
+
+def test_another_process_wakes_a_waiter(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    for kind in ("libsql-file", "sqlite-file", "libsql-remote", "libsql-replica"):
+        (tmp_path / kind).mkdir()
+        db: Database = database(kind, tmp_path / kind, request)
+        store = db.open()
+        store.save(Execution(id="a", definition_id="d"))
+        done: list[float] = []
+
+        def wait(store: Any = store, done: list[float] = done) -> None:
+            store.wait_for("a", timeout=20)
+            done.append(time.time())
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.3)
+        (at,) = db.other("finish", "a")
+        thread.join(20)
+        store.close()
+        assert done and done[0] - at < WOKEN, kind
+
+
+def test_an_async_waiter_is_woken_by_another_process(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    for kind in ("libsql-file", "libsql-remote", "libsql-replica"):
+        (tmp_path / kind).mkdir()
+        db = database(kind, tmp_path / kind, request)
+
+        async def main(db: Database = db) -> float:
+            store: AsyncLibsqlStore = await db.aopen()
+            await store.save(Execution(id="a", definition_id="d"))
+            waiter = asyncio.create_task(store.wait_for("a", timeout=20))
+            await asyncio.sleep(0.3)
+            (at,) = await asyncio.to_thread(db.other, "finish", "a")
+            exe = await waiter
+            woken = time.time()
+            assert exe.status == "finished"
+            with pytest.raises(TimeoutError):  # the builtin, on every Python
+                await store.wait_for("a", status="cancelled", timeout=0.1)
+            await store.close()
+            return woken - at
+
+        assert asyncio.run(main()) < WOKEN, kind
+
+
+def test_closing_the_store_ends_a_wait(open_store: Any) -> None:
+    store = open_store()
+    store.save(Execution(id="a", definition_id="d"))
+    later(0.3, sync(store).close)
+    with pytest.raises(StoreError, match="closed"):
+        store.wait_for("a", timeout=10)
+
+
+def test_many_waiters_share_one_read_a_change(tmp_path: Path) -> None:
+    store = LibsqlStore(tmp_path / "many.db")
+    ids = [f"e{i}" for i in range(20)]
+    for execution_id in ids:
+        store.save(Execution(id=execution_id, definition_id="d"))
+    reads: list[str] = []
+    execute = store._conn.execute
+
+    def spy(request: Any) -> Any:
+        if not isinstance(request, Batch):
+            reads.append(getattr(request, "statement", request)[0].name)
+        return execute(request)
+
+    store._conn.execute = spy  # type: ignore[method-assign]
+    got: dict[str, Execution] = {}
+    waiters = [
+        threading.Thread(target=lambda i=i: got.update({i: store.wait_for(i, timeout=20)}))
+        for i in ids
+    ]
+    for thread in waiters:
+        thread.start()
+    time.sleep(0.5)
+    before = reads.count("awaited")
+    for execution_id in ids:
+        finish(store, execution_id)
+        time.sleep(0.01)
+    for thread in waiters:
+        thread.join(20)
+    store.close()
+    assert sorted(got) == sorted(ids) and all(e.status == "finished" for e in got.values())
+    # One read of every status a change (or fewer, changes coming faster than reads), not
+    # one a waiter: 20 waiters and 20 changes would be 400 reads.
+    assert reads.count("awaited") - before <= 2 * len(ids)
+
+
+def test_waits_for_one_execution_each_get_their_own_copy(store: Any) -> None:
+    store.save(Execution(id="a", definition_id="d"))
+    results: list[Execution] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(store.wait_for("a", timeout=10)))
+        for _ in range(3)
+    ]
+    if hasattr(store, "_loop"):  # an async store's facade drives one loop: one waiter
+        threads = threads[:1]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    finish(store, "a")
+    for thread in threads:
+        thread.join(10)
+    assert len(results) == len(threads)
+    assert len({id(exe) for exe in results}) == len(results)
+    assert all(exe.status in FINAL for exe in results)
