@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from harel_store import Event, Execution, LibsqlStore, SqliteStore
+from harel_store import Event, Execution, LibsqlStore, SqliteStore, StoreBusy
 from tests.helpers import raw
 
 DRIVERS = [LibsqlStore, SqliteStore]
@@ -21,11 +25,74 @@ def test_a_file_opens_in_wal_with_full_sync_and_a_busy_timeout(
         conn = raw(store)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        # The store waits for a busy file itself (the GIL free), not the driver.
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+        assert store._conn.busy_timeout == 5.0
     with driver(tmp_path / "a.db", synchronous="NORMAL", busy_timeout=0.25) as store:
         conn = raw(store)
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1
-        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 250
+        assert store._conn.busy_timeout == 0.25
+
+
+LOCKER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("COMMIT")
+"""
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_waiting_for_a_file_another_process_locked_frees_this_process(
+    driver: type, tmp_path: Path
+) -> None:
+    """While a write waits for another process's lock, this process's other threads run
+    (libsql's own busy wait held the GIL: a ticker made 1 tick in 2 s); the write goes
+    once the lock is free, and past busy_timeout it is a StoreBusy, nothing written."""
+    path = tmp_path / "locked.db"
+    store = driver(path, busy_timeout=0.6)
+    store.save(Execution(id="a", definition_id="d"))
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    def locker(seconds: float) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(path), str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        return proc
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        proc = locker(0.3)  # released within busy_timeout: the write waits, then goes
+        started = time.monotonic()
+        store.commit(store.load("a"), [])
+        assert 0.2 < time.monotonic() - started < 0.6 + 0.5
+        proc.communicate()
+        proc = locker(1.5)  # held past busy_timeout
+        started = time.monotonic()
+        with pytest.raises(StoreBusy, match="locked"):
+            store.commit(store.load("a"), [])
+        waited = time.monotonic() - started
+        proc.communicate()
+    finally:
+        done.set()
+        ticker.join()
+    assert 0.5 < waited < 0.6 + 0.5
+    during = [t for t in ticks if started <= t <= started + waited]
+    assert len(during) > waited / 0.005 / 4  # the ticker ran all along
+    assert store.load("a").version == 2  # the refused write wrote nothing
+    store.close()
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

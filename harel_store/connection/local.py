@@ -3,14 +3,23 @@
 A batch runs between ``BEGIN IMMEDIATE`` and ``COMMIT`` on the one DB-API connection; a
 guard step is checked by its row count. One request at a time: a lock serializes them, so
 one thread's transaction never commits another's half-written batch.
+
+A request that finds the file locked by another connection (SQLITE_BUSY) is tried again
+here, after a pause in Python, for up to ``busy_timeout``, not in the driver: libsql holds
+the GIL through its own busy wait, which froze every thread of the process (and an event
+loop) while another process held the lock. The pauses start at a tenth of a millisecond,
+where SQLite's own start at one: a write waiting for another process's commit goes as soon
+as it can.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import sys
 import threading
+import time
 import weakref
 from contextlib import suppress
 from pathlib import Path
@@ -19,12 +28,16 @@ from typing import Any, Literal, Protocol
 from harel_store.batch import Batch, Conflicted, Fresh, Request, shape, statement
 from harel_store.checks import check_finite
 from harel_store.connection.watch import FileWatch
-from harel_store.errors import StoreError, is_driver_error, translate
+from harel_store.errors import StoreBusy, StoreError, is_driver_error, translate
 from harel_store.sql import Query, RowError
 from harel_store.wakeup import Watch
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 _BEGIN, _COMMIT = statement("begin"), statement("commit")
+# The pauses of a request that found the file locked: doubling from the first to the
+# longest (each taken at 50 to 100 %), until busy_timeout.
+BUSY_FIRST = 0.0001
+BUSY_LONGEST = 0.005
 # SQLite's busy_timeout is a 32-bit count of milliseconds; past it the pragma wraps to 0.
 MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000
 
@@ -51,9 +64,12 @@ class LocalConnection:
 
     library: Library = "sqlite"
 
-    def __init__(self, db: DBAPI, where: str, hold: FileHold | None = None) -> None:
+    def __init__(
+        self, db: DBAPI, where: str, hold: FileHold | None = None, busy_timeout: float = 5.0
+    ) -> None:
         self.db = db
         self.where = where
+        self.busy_timeout = busy_timeout
         # This file's claim for its SQLite library (`hold_file`), given up when it closes or,
         # for a store never closed, when it is collected (its driver connection with it).
         self._release = weakref.finalize(self, hold.release) if hold is not None else None
@@ -67,20 +83,29 @@ class LocalConnection:
         with self._lock:
             if self._closed:
                 raise StoreError(f"the store on {self.where} is closed")
-            try:
-                if isinstance(request, Batch):
-                    return self._batch(request)
-                if isinstance(request, Fresh):
-                    request = request.statement
-                return self._result(request[0], self._execute(*request))
-            except (StoreError, Conflicted):
-                raise
-            except RowError as exc:
-                raise StoreError(str(exc)) from None
-            except BaseException as exc:
-                if not is_driver_error(exc):
-                    raise  # KeyboardInterrupt and the like
-                raise translate(exc, quoted=self.where) from exc
+            if isinstance(request, Fresh):
+                request = request.statement
+            pause, deadline = BUSY_FIRST, time.monotonic() + self.busy_timeout
+            while True:
+                try:
+                    if isinstance(request, Batch):
+                        return self._batch(request)
+                    return self._result(request[0], self._execute(*request))
+                except (StoreError, Conflicted):
+                    raise
+                except RowError as exc:
+                    raise StoreError(str(exc)) from None
+                except BaseException as exc:
+                    if not is_driver_error(exc):
+                        raise  # KeyboardInterrupt and the like
+                    error = translate(exc, quoted=self.where)
+                    # Locked by another connection: nothing of the request was done (a
+                    # batch rolled back), so it goes again after a pause, the GIL free.
+                    wait = pause * random.uniform(0.5, 1.0)
+                    if not isinstance(error, StoreBusy) or time.monotonic() + wait > deadline:
+                        raise error from exc
+                time.sleep(wait)
+                pause = min(pause * 2, BUSY_LONGEST)
 
     def _execute(self, query: Query, params: Any) -> Cursor:
         return self.db.execute(query.sql, params)
@@ -174,11 +199,14 @@ def check_local_options(synchronous: str, busy_timeout: float) -> None:
 
 
 def _pragmas(db: DBAPI, database: str | Path, synchronous: str, busy_timeout: float) -> None:
-    """WAL (readers never block the writer), a busy wait, and the chosen durability."""
+    """WAL (readers never block the writer) and the chosen durability; the driver's busy
+    wait only while these run (the switch to WAL may wait for another process), then none:
+    `LocalConnection.execute` waits for a busy file itself."""
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}", ())
     if str(database) != ":memory:":
         db.execute("PRAGMA journal_mode = WAL", ()).fetchall()
     db.execute(f"PRAGMA synchronous = {synchronous}", ())
+    db.execute("PRAGMA busy_timeout = 0", ())
 
 
 def import_libsql() -> Any:
@@ -314,7 +342,7 @@ def open_file(
         if driver == "libsql":
             db = import_libsql().connect(str(database), _check_same_thread=False)
             opened = _opened(db, database, synchronous, busy_timeout)
-            return LibsqlConnection(opened, str(database), hold)
+            return LibsqlConnection(opened, str(database), hold, busy_timeout)
         db = sqlite3.connect(
             str(database),
             isolation_level=None,
@@ -322,7 +350,7 @@ def open_file(
             timeout=busy_timeout,
         )
         opened = _opened(db, database, synchronous, busy_timeout)
-        return LocalConnection(opened, str(database), hold)
+        return LocalConnection(opened, str(database), hold, busy_timeout)
     except BaseException as exc:
         hold.release()
         if not is_driver_error(exc):
