@@ -163,6 +163,16 @@ def consumed(database: str, items: Items) -> None:
             holding.consumed |= keys & holding.keys
 
 
+def execution_of(item: RelayItem) -> str | None:
+    """The execution whose step an item is: an event's target (None: to the outside world),
+    a spawn's child, a timer's execution."""
+    if isinstance(item, OutboxEntry):
+        return item.target_id
+    if isinstance(item, SpawnEntry):
+        return item.child_id
+    return item.execution_id
+
+
 def _key(item: RelayItem) -> tuple[str, Any]:
     if isinstance(item, OutboxEntry):
         return OUTBOX, item.seq

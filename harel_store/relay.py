@@ -28,7 +28,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from harel_store import queues
@@ -46,7 +46,7 @@ from harel_store.models import (
     WorkAhead,
 )
 from harel_store.store import MAX_PAGE, Store
-from harel_store.wakeup import ANY, EXECUTION, PACE, TIMER, Waiter
+from harel_store.wakeup import ANY, EXECUTION, TIMER, Waiter
 
 log = logging.getLogger("harel_store.relay")
 
@@ -54,6 +54,10 @@ H = TypeVar("H")
 
 # A handler that raised StoreConflict is called again at once, this many times in a round.
 CONFLICT_RETRIES = 10
+# A server says only that an execution changed, which may have armed a timer: a relay looks
+# (a read) at most this long after its last look for that alone. A timer another process
+# arms is learnt this late at worst, a busy relay claiming (and so looking) meanwhile.
+TIMER_LOOK = 0.05
 
 
 class _Options(Generic[H]):
@@ -102,13 +106,14 @@ class _Options(Generic[H]):
         first, longest = self.backoff
         return min(first * 2.0 ** min(attempts - 1, 64), longest)
 
-    def claim(self, store: Any, kinds: Collection[DeadKind]) -> Any:
-        """The round's claim of ``kinds`` (a call on the sync or the async store)."""
+    def claim(self, store: Any, kinds: Collection[DeadKind], limit: int | None = None) -> Any:
+        """The round's claim of ``kinds``, up to ``limit`` (at most ``batch``) of each (a
+        call on the sync or the async store)."""
         return store.claim_work(
             self.worker,
             time.time(),
             kinds=kinds,
-            limit=self.batch,
+            limit=min(limit or self.batch, self.batch),
             lease=self.lease,
             max_attempts=self.max_attempts,
         )
@@ -117,7 +122,7 @@ class _Options(Generic[H]):
 class _Schedule:
     """What a relay knows of its database between rounds, and so what it does next: the
     kinds to claim at once (``todo``), whether to read what is claimable first (``look``;
-    ``look_paced``: at most every PACE seconds), the soonest timer not yet due and the
+    ``look_paced``: `TIMER_LOOK` after the last look), the soonest timer not yet due and the
     soonest retry of its own failed items (wall clock), and when it last looked."""
 
     def __init__(self, kinds: Collection[DeadKind], poll: float) -> None:
@@ -128,7 +133,7 @@ class _Schedule:
         self.look_paced = False
         self.next_timer: float | None = None
         self.retry_at: float | None = None
-        self.looked_at = self.peeked_at = time.monotonic()
+        self.looked_at = time.monotonic()
 
     def learn(self, ahead: WorkAhead) -> None:
         """What the database said is claimable (a peek, or after a round's claims)."""
@@ -136,10 +141,6 @@ class _Schedule:
         self.next_timer = ahead.next_timer_at if "timer" in self.kinds else None
         self.looked_at = time.monotonic()
         self.look = self.look_paced = False
-
-    def peeked(self, ahead: WorkAhead) -> None:
-        self.learn(ahead)
-        self.peeked_at = self.looked_at
 
     def failed(self) -> None:
         """A round or a peek failed: try again after a poll."""
@@ -155,7 +156,7 @@ class _Schedule:
     def heard(self, signals: frozenset[str]) -> None:
         """Signals since the last look: new work of a kind is claimed at once; an armed
         timer, or a change of unknown kind, is read first; an execution's change may have
-        armed a timer (a server names no more), read at most every PACE seconds."""
+        armed a timer (a server names no more), read `TIMER_LOOK` after the last look."""
         self.todo |= {kind for kind in self.kinds if kind in signals and kind != "timer"}
         if ANY in signals or (TIMER in signals and "timer" in self.kinds):
             self.look = True
@@ -174,14 +175,14 @@ class _Schedule:
             self.look = True
         if self.todo:
             return "claim", 0.0
-        if self.look or (self.look_paced and now - self.peeked_at >= PACE):
+        if self.look or (self.look_paced and now - self.looked_at >= TIMER_LOOK):
             return "peek", 0.0
         wait = self.looked_at + self.poll - now
         for at in (self.next_timer, self.retry_at):
             if at is not None:
                 wait = min(wait, at - wall)
         if self.look_paced:
-            wait = min(wait, self.peeked_at + PACE - now)
+            wait = min(wait, self.looked_at + TIMER_LOOK - now)
         return "wait", max(wait, 0.0)
 
 
@@ -318,7 +319,7 @@ class Relay:
                         if action == "claim":
                             self._round(schedule, schedule.todo)
                         elif action == "peek":
-                            schedule.peeked(self._store.peek_work(time.time()))
+                            schedule.learn(self._store.peek_work(time.time()))
                         else:
                             waiter.wait(wait)
                     except StoreError as exc:
@@ -451,6 +452,8 @@ class AsyncRelay:
         self._stopping = threading.Event()
         self._running = False
         self._waiter: Waiter | None = None
+        self._in_hand = 0  # items claimed and not yet done with
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # by execution: lock, users
 
     def __repr__(self) -> str:
         return f"AsyncRelay({self._store!r}, {self._o.worker!r})"
@@ -462,28 +465,54 @@ class AsyncRelay:
             waiter.set()
 
     async def run(self) -> None:
-        """Async version of `Relay.run`."""
+        """Async version of `Relay.run`. Rounds overlap: what comes while a round's
+        handlers run is claimed at once, up to ``batch`` items in hand in all (``concurrency``
+        of them in their handlers)."""
         if self._running:
             raise RuntimeError(f"{self!r} is running already: one run() at a time")
         self._running = True
+        rounds: set[asyncio.Task[int]] = set()
+        slots = asyncio.Semaphore(self._concurrency)  # shared by the rounds in flight
         try:
             self._waiter = waiter = self._store._waiter()
             schedule = _Schedule(self._o.handlers, self._o.poll)
+            self._in_hand = 0
+
+            def ended(task: asyncio.Task[int]) -> None:
+                rounds.discard(task)
+                if not task.cancelled() and isinstance(task.exception(), StoreError):
+                    log.warning("relay %s: a round failed: %s", self._o.worker, task.exception())
+
             try:
                 while not self._stopping.is_set():
                     schedule.heard(waiter.take())
                     action, wait = schedule.next()
+                    free = self._o.batch - self._in_hand
+                    if action == "claim" and free <= 0:
+                        action, wait = "wait", self._o.poll  # until an item is done with
                     try:
                         if action == "claim":
-                            await self._round(schedule, schedule.todo)
+                            claimed = await self._claim(schedule, set(schedule.todo), free)
+                            items = claimed.items()
+                            if items:
+                                task = asyncio.create_task(self._work(items, schedule, slots))
+                                rounds.add(task)
+                                task.add_done_callback(ended)
                         elif action == "peek":
-                            schedule.peeked(await self._store.peek_work(time.time()))
+                            schedule.learn(await self._store.peek_work(time.time()))
                         else:
                             await waiter.await_signal(wait)
                     except StoreError as exc:
                         log.warning("relay %s: a round failed: %s", self._o.worker, exc)
                         schedule.failed()
             finally:
+                # The rounds in flight end after the items in hand (a cancellation cancels
+                # them; either way what they did not reach is released).
+                if not self._stopping.is_set():
+                    for task in rounds:
+                        task.cancel()
+                if rounds:
+                    await asyncio.wait(list(rounds))
                 self._waiter = None
                 waiter.close()
         finally:
@@ -494,12 +523,19 @@ class AsyncRelay:
         """Async version of `Relay.run_once`: one claim of every kind, then up to
         ``concurrency`` handlers in flight."""
         self._stopping.clear()
-        return await self._round(_Schedule(self._o.handlers, self._o.poll), self._o.handlers)
+        schedule = _Schedule(self._o.handlers, self._o.poll)
+        items = (await self._claim(schedule, self._o.handlers)).items()
+        if not items:
+            return 0
+        return await self._work(items, schedule, asyncio.Semaphore(self._concurrency))
 
-    async def _round(self, schedule: _Schedule, kinds: Collection[DeadKind]) -> int:
-        # A claim under way when the round is cancelled is waited for, and what it claimed
-        # released, before the cancellation goes on: nothing sits out a lease unhandled.
-        task, cancelled = await settle(self._o.claim(self._store, kinds))
+    async def _claim(
+        self, schedule: _Schedule, kinds: Collection[DeadKind], limit: int | None = None
+    ) -> ClaimedWork:
+        """The round's claim, learnt from; its items counted in hand until each is done with.
+        A claim under way when the caller is cancelled is waited for, and what it claimed
+        released, before the cancellation goes on: nothing sits out a lease unhandled."""
+        task, cancelled = await settle(self._o.claim(self._store, kinds, limit))
         if cancelled is not None:
             if not task.cancelled() and task.exception() is None:
                 taken = [item for _, item in task.result().items()]
@@ -509,30 +545,65 @@ class AsyncRelay:
             raise cancelled
         claimed: ClaimedWork = task.result()
         schedule.learn(claimed.ahead)
-        items = claimed.items()
-        if not items:
-            return 0
+        self._in_hand += len(claimed.items())
+        return claimed
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, item: RelayItem) -> AsyncIterator[None]:
+        """The items of one execution are handled one after another in this relay: a second
+        would conflict with the first (two reports to one parent) and wait for it anyway."""
+        execution = queues.execution_of(item)
+        if execution is None:  # an event for the outside world: no execution stepped
+            yield
+            return
+        lock, waiting = self._locks.get(execution, (asyncio.Lock(), 0))
+        self._locks[execution] = (lock, waiting + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, waiting = self._locks[execution]
+            if waiting > 1:
+                self._locks[execution] = (lock, waiting - 1)
+            else:
+                del self._locks[execution]
+
+    def _done_with(self, item: RelayItem) -> None:
+        """An item claimed is done with (handled, or not reached): room for another."""
+        self._in_hand -= 1
+        if (waiter := self._waiter) is not None:
+            waiter.set()  # the loop may claim more
+
+    async def _work(
+        self,
+        items: list[tuple[DeadKind, RelayItem]],
+        schedule: _Schedule,
+        slots: asyncio.Semaphore,
+    ) -> int:
+        """Handle what a claim brought, up to ``slots`` at once; ack, fail, release."""
         outcome = _Round([item for _, item in items])
-        slots = asyncio.Semaphore(self._concurrency)
 
         async def handle(handler: AsyncHandler, item: RelayItem) -> None:
-            async with slots:
-                if self._stopping.is_set() or id(item) in outcome.lost:
-                    return
-                tries = 0
-                while True:
-                    try:
-                        await handler(item)
-                    except StoreConflict as exc:
-                        tries += 1
-                        if _conflicted(item, tries, exc):
-                            continue
-                        outcome.failed.append((item, _error(exc)))
-                    except Exception as exc:
-                        outcome.failed.append((item, _error(exc)))
-                    else:
-                        outcome.done.append(item)
-                    return
+            try:
+                async with self._one_at_a_time(item), slots:
+                    if self._stopping.is_set() or id(item) in outcome.lost:
+                        return
+                    tries = 0
+                    while True:
+                        try:
+                            await handler(item)
+                        except StoreConflict as exc:
+                            tries += 1
+                            if _conflicted(item, tries, exc):
+                                continue
+                            outcome.failed.append((item, _error(exc)))
+                        except Exception as exc:
+                            outcome.failed.append((item, _error(exc)))
+                        else:
+                            outcome.done.append(item)
+                        return
+            finally:
+                self._done_with(item)
 
         with queues.Holding(self._store.database_key, outcome.claimed) as holding:
             keeper = asyncio.ensure_future(self._keep(outcome))
