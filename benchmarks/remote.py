@@ -9,9 +9,10 @@ replica, on a link with a round-trip delay. Not a test: the figures depend on th
 It starts its own sqld (``tests.sqld``, token auth on) and two proxies in front of it, each a
 process of its own (``--proxy PORT``: libsql holds the GIL through its network calls). A proxy
 forwards bytes untouched and counts the HTTP/1.x requests sent; the *link* proxy holds each
-chunk that starts a request for ``--delay-ms`` (a round trip on a slow network), the
-*counting* proxy does not. Replicas sync through a proxy too. Measured (a commit: the CAS
-update, one emit, the dedupe marker, one timer and one trace step):
+chunk that starts a request for ``--delay-ms`` (a round trip on a slow network), and each
+event of a change notifications stream (a ``GET``) for half that; the *counting* proxy does
+not. Replicas sync through a proxy too. Measured (a commit: the CAS update, one emit, the
+dedupe marker, one timer and one trace step):
 
 1. requests per operation (counting proxy), of the store remote and as a replica, and of a
    bare ``libsql`` connection (the driver the store used before) as the baseline;
@@ -96,12 +97,17 @@ def run_proxy(target_port: int, delay_ms: float) -> None:
     stdin; exit when stdin closes (the benchmark is done, or died)."""
     requests = [0]
 
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool) -> None:
+    async def pump(
+        src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool, stream: list[bool]
+    ) -> None:
         with contextlib.suppress(OSError):  # a reset ends the connection, as EOF does
             while data := await src.read(65536):
                 if client and (n := len(REQUEST_LINE.findall(data))):
                     requests[0] += n  # before it is forwarded: exact once the answer is back
+                    stream[0] = data.startswith(b"GET ")  # change notifications: a stream
                     await asyncio.sleep(delay_ms / 1e3)  # what follows waits behind it
+                elif stream[0]:  # a stream's event crosses the link one way: half a trip
+                    await asyncio.sleep(delay_ms / 2e3)
                 dst.write(data)
                 await dst.drain()
 
@@ -111,9 +117,10 @@ def run_proxy(target_port: int, delay_ms: float) -> None:
         except OSError:  # sqld is down: say so at once
             client_w.close()
             return
+        stream = [False]
         pumps = {
-            asyncio.create_task(pump(client_r, server_w, True)),
-            asyncio.create_task(pump(server_r, client_w, False)),
+            asyncio.create_task(pump(client_r, server_w, True, stream)),
+            asyncio.create_task(pump(server_r, client_w, False, stream)),
         }
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)  # HTTP: no half-close
         client_w.close()

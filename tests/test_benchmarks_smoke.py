@@ -88,6 +88,19 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "idle Relay (poll=1), file: CPU % of a core",
         "smoke run, ",
     ),
+    "engine": (
+        "file/sync: this tree",
+        "link/async: this tree",
+        "file/sync\n  end to end p50 ms",
+        "hop to another process p99 ms",
+        "timer lateness p99 ms",
+        "sqld/sync\n",
+        "idle CPU of sqld %",
+        "link/async\n",
+        "end to end p50 round trips",
+        "requests an order",
+        "smoke run, JSON not written",
+    ),
     "retention": (
         "WAL pages per typical commit (60 commits), before / after 0007",
         "wal pages/commit first marker after - before",
@@ -104,7 +117,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "smoke run (10,000 finished executions)",
     ),
 }
-SERVED = {"http_client", "remote", "relays"}  # start their own sqld
+SERVED = {"http_client", "remote", "relays", "engine"}  # start their own sqld
 
 
 @pytest.mark.parametrize(

@@ -251,3 +251,24 @@ def test_a_relay_hears_a_server_again_after_it_restarts(tmp_path: Path) -> None:
         store.close()
         server.kill()
     assert started[0] - sent < 10.0 < POLL
+
+
+def test_without_inotify_a_file_is_watched_by_its_data_version(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another system, or inotify's limits reached: the watch asks the file's data_version
+    every 10 ms instead, and a commit elsewhere still wakes a relay at once."""
+    from harel_store.connection import watch
+
+    monkeypatch.setattr(watch, "_LIBC", None)
+    db = database("libsql-file", tmp_path, request)
+    store = db.open()
+    store.save(Execution(id="target", definition_id="d"))
+    started: list[float] = []
+    relay = Relay(store, "w", on_outbox=lambda entry: started.append(time.time()), poll=POLL)
+    with running(relay):
+        time.sleep(0.3)
+        (sent,) = db.other("emit", "target")
+        until(lambda: bool(started), "the event handled")
+    store.close()
+    assert started[0] - sent < WOKEN
