@@ -129,17 +129,21 @@ def test_async_relay_keeps_at_most_concurrency_handlers_in_flight(
         store = await AsyncLibsqlStore.create(database, **options)
         try:
             await store.save(Execution(id="target", definition_id="d"))
-            events = [("target", Event(name="go", id=f"ev-{i}")) for i in range(40)]
+            events = [(f"target-{i % 8}", Event(name="go", id=f"ev-{i}")) for i in range(40)]
             await store.commit(Execution(id="source", definition_id="d"), events)
             in_flight = peak = 0
+            busy: set[str | None] = set()  # the executions a handler is stepping
             done: list[str] = []
 
             async def handle(entry: OutboxEntry) -> None:
                 nonlocal in_flight, peak
+                assert entry.target_id not in busy  # one item of an execution at a time
+                busy.add(entry.target_id)
                 in_flight += 1
                 peak = max(peak, in_flight)
                 await asyncio.sleep(0.01)
                 in_flight -= 1
+                busy.discard(entry.target_id)
                 if entry.event.id == "ev-7":
                     raise RuntimeError("boom")
                 done.append(entry.event.id)
