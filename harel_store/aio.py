@@ -329,16 +329,16 @@ class AsyncLibsqlStore:
         found = await self._run(self._s._awaited({execution_id: statuses}))
         if execution_id in found:
             return found[execution_id]
-        call = Call(execution_id, statuses, asyncio.get_running_loop().create_future())
+        future: asyncio.Future[Execution] = asyncio.get_running_loop().create_future()
+        call = Call(execution_id, statuses, future)
         self._s._awaits.add(call)
         try:
-            assert call.future is not None
             left = max(deadline - time.monotonic(), 0.0)
-            return await asyncio.wait_for(asyncio.shield(call.future), left)
+            return await asyncio.wait_for(future, left)
         except asyncio.TimeoutError:
             raise TimeoutError(wait_message(execution_id, statuses, seconds)) from None
         finally:
-            self._s._awaits.remove(call)
+            self._s._awaits.remove(call)  # and the future, done or cancelled, takes nothing
 
     def _waiter(self) -> Waiter:
         """As `Store._waiter`: this store's database's signals."""

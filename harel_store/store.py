@@ -216,10 +216,8 @@ def _purge_batch(members: list[tuple[str, int]]) -> Batch:
 
 def _kinds(items: queues.Items) -> list[str]:
     """The signals of work of these items' kinds made claimable again."""
-    kinds = [wakeup.OUTBOX] if items.outbox else []
-    return (
-        kinds + ([wakeup.SPAWN] if items.spawns else []) + ([wakeup.TIMER] if items.timers else [])
-    )
+    kinds = ((wakeup.OUTBOX, items.outbox), (wakeup.SPAWN, items.spawns))
+    return [signal for signal, seqs in kinds if seqs] + ([wakeup.TIMER] if items.timers else [])
 
 
 def _batch_limit(limit: object, most: int) -> int:
@@ -1014,10 +1012,10 @@ class Store:
         seconds = _check_claim(worker, limit, lease, max_attempts)
         if isinstance(kinds, str):
             raise TypeError(f"kinds is a collection of kinds, not one string: ({kinds!r},)")
-        wanted = [k for k in DEAD_KINDS if k in set(kinds)]
-        unknown = set(kinds) - set(DEAD_KINDS)
-        if unknown or not wanted:
-            raise ValueError(f"kinds must name some of {', '.join(DEAD_KINDS)}, not {kinds!r}")
+        asked = set(kinds)
+        wanted = [k for k in DEAD_KINDS if k in asked]
+        if asked - set(DEAD_KINDS) or not wanted:
+            raise ValueError(f"kinds must name some of {', '.join(DEAD_KINDS)}, not {asked}")
         batch = Batch()
         steps = {k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due) for k in wanted}
         ahead = batch.add("work_ahead", due)
