@@ -491,6 +491,7 @@ class AsyncLibsqlStore:
     async def close(self) -> None:
         """Async version of `LibsqlStore.close`."""
         if self._remote is not None:
+            self._s._awaits.close()  # a wait_for under way ends (its reader: a read at most)
             await self._remote.aclose()
             return
         async with self._lock():

@@ -78,13 +78,16 @@ class Waiter:
         # by `set` from any thread): made again when a task awaits it on another loop.
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._closed = False
+        self._watching = False
         with _lock:
             _waiters.setdefault(key, set()).add(self)
         if watch is not None:
-            _use_watch(key, watch)
+            try:
+                _use_watch(key, watch)
+            except BaseException:
+                self.close()
+                raise
             self._watching = True
-        else:
-            self._watching = False
 
     def __enter__(self) -> Waiter:
         return self

@@ -450,8 +450,8 @@ class Stream:
                 chunk = self._sock.recv(_READ)
             except TimeoutError as exc:
                 raise TimedOut(self._late, sent=True) from exc
-            except OSError as exc:
-                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
+            except (OSError, ValueError) as exc:  # ValueError: a TLS socket closed meanwhile
+                raise Broken(f"the connection broke: {exc}", sent=True) from exc
             if not chunk:
                 self._ended = True
                 if parser.state != _TO_EOF:

@@ -285,8 +285,9 @@ class ListenWatch:
                         self._read(stream, kind, signal)
                         if time.monotonic() - began > RETRY_LONGEST:  # it served: no flapping
                             pause = RETRY_FIRST
-                except http.HTTPFailure as exc:
-                    log.debug("change notifications from %s broke: %s", self._where, exc)
+                except (http.HTTPFailure, OSError, ValueError) as exc:  # ValueError: TLS closed
+                    if not self._stopped.is_set():
+                        log.debug("change notifications from %s broke: %s", self._where, exc)
                 finally:
                     with self._lock:
                         self._open.discard(stream)
