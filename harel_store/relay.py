@@ -242,6 +242,12 @@ def _retries(
     return groups
 
 
+def _unsettled(worker: str, exc: Exception) -> None:
+    """A round ended by an interrupt could not ack, fail or release what it held: the
+    interrupt goes on (the rows wait out their leases)."""
+    log.warning("relay %s: could not settle its round as it ended: %s", worker, exc)
+
+
 def _conflicted(item: RelayItem, tries: int, exc: StoreConflict) -> bool:
     """Whether to call the handler again at once after its ``tries``-th conflict in a row."""
     if tries > CONFLICT_RETRIES:
@@ -353,8 +359,13 @@ class Relay:
                             break
                         if id(item) not in outcome.lost:
                             self._handle(self._o.handlers[kind], item, outcome)
-            finally:
-                self._settle(outcome, holding, schedule)
+            except BaseException:  # KeyboardInterrupt and kin: settled, and they go on
+                try:
+                    self._settle(outcome, holding, schedule)
+                except Exception as exc:
+                    _unsettled(self._o.worker, exc)
+                raise
+            self._settle(outcome, holding, schedule)
         return outcome.handled
 
     @staticmethod
@@ -609,11 +620,17 @@ class AsyncRelay:
             keeper = asyncio.ensure_future(self._keep(outcome))
             try:
                 await asyncio.gather(*(handle(self._o.handlers[k], item) for k, item in items))
-            finally:
+            except BaseException:  # a cancellation and kin: settled, and they go on
                 keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keeper
-                await self._settle(outcome, holding, schedule)
+                try:
+                    await self._settle(outcome, holding, schedule)
+                except Exception as exc:
+                    _unsettled(self._o.worker, exc)
+                raise
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            await self._settle(outcome, holding, schedule)
         return outcome.handled
 
     async def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:

@@ -7,6 +7,7 @@ lease, run again after stop, KeyboardInterrupt), and `AsyncRelay` on its event l
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from harel_store import AsyncLibsqlStore, AsyncRelay, Event, Execution, OutboxEntry, Relay
+from harel_store import (
+    AsyncLibsqlStore,
+    AsyncRelay,
+    DueTimer,
+    Event,
+    Execution,
+    OutboxEntry,
+    Relay,
+    TimerOp,
+)
 from tests.test_relay_runtime import WAIT, seed
 
 SYNC_KINDS = ["libsql-file", "sqlite-file", "libsql-remote", "libsql-replica"]
@@ -192,3 +202,94 @@ def test_keyboard_interrupt_ends_the_round_and_releases_the_rest(open_store: Any
         ("ev-1", 0, None),
         ("ev-2", 0, None),
     ]
+
+
+# --- a relay's edges (issue "Hardening, round 4", classes 1, 3, 4 and 5) ---
+
+
+def test_a_second_concurrent_run_is_refused_and_stop_ends_the_first(running: Any) -> None:
+    _, _, start = running
+    relay = start(poll=30.0)
+    time.sleep(0.1)
+    with pytest.raises(RuntimeError, match="running already"):
+        relay.run()
+    relay.stop()  # the fixture checks that the first run() returned
+
+    async def main() -> None:
+        store = await AsyncLibsqlStore.create(":memory:")
+        relay = AsyncRelay(store, "w1", on_outbox=_noop, poll=30.0)
+        first = asyncio.ensure_future(relay.run())
+        await asyncio.sleep(0.05)
+        with pytest.raises(RuntimeError, match="running already"):
+            await relay.run()
+        relay.stop()
+        await asyncio.wait_for(first, WAIT)
+        await store.close()
+
+    asyncio.run(main())
+
+
+async def _noop(item: Any) -> None:
+    return None
+
+
+def test_a_timer_its_handler_consumed_and_rearmed_at_the_same_time_stays(open_store: Any) -> None:
+    store = open_store()
+    exe = Execution(id="exe", definition_id="d")
+    store.commit(exe, [], timers=[TimerOp.schedule("t", 5.0)])
+
+    def fire(timer: DueTimer) -> None:
+        exe = store.load(timer.execution_id)
+        again = TimerOp.schedule(timer.path, timer.fire_at)  # the same time: a new firing
+        store.commit(exe, [], processed_event_id=timer.event_id, timers=[again], acks=(timer,))
+
+    assert Relay(store, "w1", on_timer=fire).run_once() == 1
+    # The round's own ack would have removed the new timer: it sends none for what the
+    # handler consumed.
+    assert store.timers_of("exe") == [("t", 5.0)]
+
+
+def test_an_interrupt_in_a_round_whose_settling_fails_goes_on(
+    open_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = open_store()
+    seed(store)
+
+    def handle(entry: OutboxEntry) -> None:
+        store.close()  # the round's release will fail: the store is closed
+        raise KeyboardInterrupt
+
+    with (
+        caplog.at_level(logging.WARNING, logger="harel_store.relay"),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        Relay(store, "w1", on_outbox=handle).run_once()
+    assert "could not settle its round as it ended" in caplog.text
+
+
+def test_a_cancelled_async_round_releases_what_its_claim_brought(server: Any, proxy: Any) -> None:
+    async def main() -> None:
+        store = await AsyncLibsqlStore.create(proxy.url(), auth_token=server.token)
+        try:
+            await store.save(Execution(id="target", definition_id="d"))
+            events = [("target", Event(name="go", id=f"ev-{i}")) for i in range(3)]
+            await store.commit(Execution(id="source", definition_id="d"), events)
+            relay = AsyncRelay(store, "w1", on_outbox=_noop, max_attempts=2)
+            proxy.delay = 0.3  # the claim is on its way when the round is cancelled
+            round_ = asyncio.ensure_future(relay.run_once())
+            await asyncio.sleep(0.1)
+            round_.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await round_
+            proxy.delay = 0.0
+            rows = await store.outbox_view()
+            # Claimed, then given back: claimable at once, the attempt not counted.
+            assert [(e.event.id, e.claimed_by, e.attempts) for e in rows] == [
+                ("ev-0", None, 0),
+                ("ev-1", None, 0),
+                ("ev-2", None, 0),
+            ]
+        finally:
+            await store.close()
+
+    asyncio.run(main())
