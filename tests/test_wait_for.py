@@ -187,9 +187,10 @@ def test_many_waiters_share_one_read_a_change(tmp_path: Path) -> None:
         thread.join(20)
     store.close()
     assert sorted(got) == sorted(ids) and all(e.status == "finished" for e in got.values())
-    # One read of every status a change (or fewer, changes coming faster than reads), not
-    # one a waiter: 20 waiters and 20 changes would be 400 reads.
-    assert reads.count("awaited") - before <= 2 * len(ids)
+    # A read of every status a signal (a commit signals twice: this process's own news, and
+    # the file's watch; fewer when changes come faster than reads), not one a waiter: 20
+    # waiters and 20 changes would be 400 reads.
+    assert reads.count("awaited") - before <= 3 * len(ids)
 
 
 def test_waits_for_one_execution_each_get_their_own_copy(store: Any) -> None:
