@@ -320,28 +320,9 @@ class Client(_Origin[socket.socket]):
             raise RuntimeError("closed")
         data = self._request(path, body)
         sock = self._take() or self._connect(deadline)
-        sent = False
         parser = _Parser()
-        try:
-            sock.settimeout(self._left(deadline, sent))
-            sent = True
-            sock.sendall(data)
-            response = None
-            while response is None:
-                sock.settimeout(self._left(deadline, sent))
-                chunk = sock.recv(_READ)
-                if chunk:
-                    parser.buf += chunk
-                    response = parser.parse()
-                else:
-                    response = parser.eof()
-        except BaseException as exc:
-            sock.close()
-            if isinstance(exc, TimeoutError):
-                raise TimedOut(self._late, sent=sent) from exc
-            if isinstance(exc, OSError):
-                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=sent) from exc
-            raise
+        response = self._exchange(sock, data, deadline, parser)
+        assert response is not None
         with self._lock:
             if parser.reusable and not self._closed:
                 self._idle.append(sock)
@@ -357,23 +338,40 @@ class Client(_Origin[socket.socket]):
         if self._closed:
             raise RuntimeError("closed")
         data = self._request(path, b"", b"GET")
-        sock = self._connect(deadline)
-        sent = False
         parser = _Parser()
+        sock = self._connect(deadline)
+        answer = self._exchange(sock, data, deadline, parser, stream=True)
+        if answer is not None:  # the whole answer already (an error's, say)
+            parser.body[:] = answer.body
+        return Stream(sock, parser, self._late, answer is not None)
+
+    def _exchange(
+        self,
+        sock: socket.socket,
+        data: bytes,
+        deadline: float,
+        parser: _Parser,
+        *,
+        stream: bool = False,
+    ) -> Response | None:
+        """Send ``data`` on ``sock`` and read the answer within the deadline: the whole of it,
+        or with ``stream`` its head only (None unless the whole answer came with it). On a
+        failure the socket is closed and the failure raised as an HTTPFailure."""
+        sent = False
         try:
             sock.settimeout(self._left(deadline, sent))
             sent = True
             sock.sendall(data)
-            answer = None
-            while parser.state == _HEAD:
+            response = None
+            while response is None and not (stream and parser.state != _HEAD):
                 sock.settimeout(self._left(deadline, sent))
                 chunk = sock.recv(_READ)
-                if not chunk:
-                    parser.eof()
-                parser.buf += chunk
-                answer = parser.parse()
-            if answer is not None:  # the whole answer already (an error's, say)
-                parser.body[:] = answer.body
+                if chunk:
+                    parser.buf += chunk
+                    response = parser.parse()
+                else:
+                    response = parser.eof()
+            return response
         except BaseException as exc:
             sock.close()
             if isinstance(exc, TimeoutError):
@@ -381,7 +379,6 @@ class Client(_Origin[socket.socket]):
             if isinstance(exc, OSError):
                 raise Broken(f"the connection broke: {exc.strerror or exc}", sent=sent) from exc
             raise
-        return Stream(sock, parser, self._late, answer is not None)
 
     def close(self) -> None:
         """Close the idle connections; a request in flight closes its own when done."""
