@@ -198,8 +198,11 @@ class Awaits:
             read_at = time.monotonic()
             try:
                 found = self._read(wanted)
-            except StoreError as exc:
-                self._end_all(exc)
+            except Exception as exc:  # the waits end with it; the reader goes on for others
+                error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+                if error is not exc:
+                    error.__cause__ = exc
+                self._end_all(error)
                 continue
             self._resolve(found)
 
