@@ -196,18 +196,6 @@ def _stop_idle(key: str, watched: _Watched) -> None:
     watched.watch.stop()
 
 
-def stop_watches() -> None:
-    """Stop every watch of this process now (tests; an application that forks)."""
-    with _lock:
-        watched = list(_watches.values())
-        _watches.clear()
-        for w in watched:
-            if w.idle is not None:
-                w.idle.cancel()
-    for w in watched:
-        w.watch.stop()
-
-
 def notify(key: str, signals: Iterable[str]) -> None:
     """Tell the waiters of the database ``key`` in this process that ``signals`` changed."""
     if key not in _waiters:  # the common case, on every commit: nobody waits here

@@ -80,10 +80,9 @@ class FileWatch:
 
     linger: float = 0.0
 
-    def __init__(self, path: str, library: str, *, inotify: bool = True) -> None:
+    def __init__(self, path: str, library: str) -> None:
         self.path = os.path.realpath(path)
         self.library = library
-        self._inotify = inotify and _LIBC is not None
         self._stop_r, self._stop_w = -1, -1
         self._thread: threading.Thread | None = None
 
@@ -117,7 +116,7 @@ class FileWatch:
             else:
                 db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA busy_timeout = 0", ())
-            if self._inotify:
+            if _LIBC is not None:
                 inotify = self._watch_directory()
             self._loop(signal, db, inotify)
         except Exception as exc:  # a hint lost: waiters poll
