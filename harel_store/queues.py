@@ -87,9 +87,9 @@ def items_of(items: Iterable[object], call: str) -> Items:
 def add_each(
     batch: Batch, items: Items, verb: str, *args: Any, worker: str | None = None
 ) -> list[int]:
-    """Add ``verb`` (ack, fail, extend, revive) of every item to ``batch``: one step per kind
-    of seqs, one per timer; return the steps' indexes. ``worker`` comes first where the
-    statement checks the holder; ``args`` after the items."""
+    """Add ``verb`` (ack, ack_held, fail, extend, revive) of every item to ``batch``: one
+    step per kind of seqs, one per timer; return the steps' indexes. ``worker`` comes first
+    where the statement checks the holder; ``args`` after the items."""
     held = () if worker is None else (worker,)
     steps = []
     for kind, seqs in ((OUTBOX, items.outbox), (SPAWNS, items.spawns)):

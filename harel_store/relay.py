@@ -2,8 +2,9 @@
 
 `Relay` (threads) and `AsyncRelay` (coroutines) are clients of the store: each round claims
 what there is of each kind that has a handler (`claim_work`: one write, which also says
-what is left), calls the handler for each item, acks in one `ack` the items whose handler
-returned (but those its handler consumed in its own commit: nothing is left to remove),
+what is left), calls the handler for each item, acks in one write the items whose handler
+returned and that it still holds (but those its handler consumed in its own commit: nothing
+is left to remove; one re-armed or claimed by another worker since is spared),
 `fail`s those whose handler raised with a doubling backoff, and releases what it claimed
 and did not get to (a `stop`). A handler that raises `StoreConflict` (another writer moved
 the execution it stepped) is called again at once. While a round works, a keeper renews
@@ -389,7 +390,7 @@ class Relay:
         store, worker = self._store, self._o.worker
         done = holding.unconsumed(outcome.done)
         if done:
-            store.ack(done)
+            store._run(store._ack_held(worker, done))
         if outcome.failed:
             attempts = store.attempts_of([item for item, _ in outcome.failed])
             for (error, retry), items in _retries(self._o, outcome.failed, attempts).items():
@@ -638,7 +639,7 @@ class AsyncRelay:
         writes: list[Awaitable[Any]] = []
         done = holding.unconsumed(outcome.done)
         if done:
-            writes.append(store.ack(done))
+            writes.append(store._run(Store._ack_held(worker, done)))
         if outcome.failed:
             attempts = await store.attempts_of([item for item, _ in outcome.failed])
             for (error, retry), items in _retries(self._o, outcome.failed, attempts).items():

@@ -1079,6 +1079,12 @@ class Store:
     def _ack(cls, items: queues.Items) -> Plan[int]:
         return (yield from cls._each(items, "ack"))
 
+    @classmethod
+    def _ack_held(cls, worker: str, items: Iterable[RelayItem]) -> Plan[int]:
+        """A relay's own ack: `ack` of the items ``worker`` still holds. One its handler
+        consumed, re-armed or revived, or that another worker claimed since, is spared."""
+        return (yield from cls._each(queues.items_of(items, "ack"), "ack_held", worker=worker))
+
     def ack_outbox(self, seq: int) -> None:
         """Remove a delivered outbox entry (a no-op if it is already gone): `ack` of one."""
         self._run(self._ack_outbox(seq))

@@ -500,6 +500,11 @@ RETURNING seq, target_id, event;
 DELETE FROM harel_outbox
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
 
+-- name: ack_held_outbox!
+-- A relay's own ack: of the entries ?2, those worker ?1 still holds (its lease run out or
+-- not). One a handler consumed, one revived, or one another worker claimed since is spared.
+DELETE FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1;
+
 -- name: fail_outbox!
 -- Not delivered: of the entries ?2, those worker ?1 still holds under its lease record the
 -- error ?3 and become claimable ?4 seconds from now (nobody holds them meanwhile).
@@ -567,6 +572,9 @@ RETURNING seq, parent_id, child_id, root_path, context;
 -- name: ack_spawns!
 DELETE FROM harel_spawns
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
+
+-- name: ack_held_spawns!
+DELETE FROM harel_spawns WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1;
 
 -- name: fail_spawns!
 UPDATE harel_spawns
@@ -636,6 +644,11 @@ RETURNING execution_id, path, fire_at;
 -- Only the timer as it was swept (live or dead): a concurrent re-schedule to a new time
 -- survives.
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ? AND fire_at = ?;
+
+-- name: ack_held_timer!
+-- As ack_held_outbox, for the timer (?2, ?3) at fire_at ?4: a re-arm dropped the claim.
+DELETE FROM harel_timers
+WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1;
 
 -- name: fail_timer!
 -- As fail_outbox, for the timer (?2, ?3) at fire_at ?4: error ?5, claimable ?6 s from now.

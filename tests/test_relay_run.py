@@ -249,6 +249,29 @@ def test_a_timer_its_handler_consumed_and_rearmed_at_the_same_time_stays(open_st
     assert store.timers_of("exe") == [("t", 5.0)]
 
 
+def test_a_timer_its_handler_rearmed_at_the_same_time_without_consuming_it_stays(
+    open_store: Any,
+) -> None:
+    store = open_store()
+    exe = Execution(id="exe", definition_id="d")
+    store.commit(exe, [], timers=[TimerOp.schedule("t", 5.0)])
+    fired: list[DueTimer] = []
+
+    def fire(timer: DueTimer) -> None:
+        fired.append(timer)
+        if len(fired) == 1:  # re-armed, not consumed: the re-arm drops the relay's claim
+            store.commit(store.load("exe"), [], timers=[TimerOp.schedule("t", timer.fire_at)])
+
+    relay = Relay(store, "w1", on_timer=fire)
+    assert relay.run_once() == 1
+    # The round's ack removes only what the relay still holds: the re-armed timer stays,
+    # and fires again.
+    assert store.timers_of("exe") == [("t", 5.0)]
+    assert relay.run_once() == 1
+    assert store.timers_of("exe") == []
+    assert len(fired) == 2
+
+
 def test_an_interrupt_in_a_round_whose_settling_fails_goes_on(
     open_store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

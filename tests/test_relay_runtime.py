@@ -323,7 +323,7 @@ def test_a_round_sends_no_ack_for_what_its_handlers_consumed(harness: Harness) -
     seed_more = store.load("source")
     store.commit(seed_more, [("target", Event(name="go"))])
     assert harness.run_once(harness.relay(on_outbox=lambda entry: None)) == 1
-    assert "ack_outbox" in writes and state(store)[0] == 0
+    assert "ack_held_outbox" in writes and state(store)[0] == 0
 
 
 def _spied(aexecute: Any, writes: list[str]) -> Any:
