@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,7 @@ __all__ = [
     "MIGRATIONS_DIR",
     "alembic_config",
     "database_from_env",
+    "deadline",
     "driver_failure",
     "migration_hint",
     "number_revision",
@@ -109,6 +114,38 @@ def refuse_unknown_revision(execute: Callable[[Request], Any], where: str) -> No
     current = drive(execute, revision())
     if current is not None and current not in KNOWN:
         drive(execute, ensure_schema(where, migrate=False))  # raises it, in its words
+
+
+# ---------------------------------------------------------------- a bound the GIL cannot stop
+
+# The watchdog: a second Python, waiting for its stdin to close (the work is over, or this
+# process died) at most SECONDS; then it says MESSAGE on stderr and kills this process.
+_WATCHDOG = """
+import os, select, signal, sys
+parent, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([sys.stdin], [], [], seconds)[0]:
+    os.write(2, message.encode() + b"\\n")
+    os.kill(parent, signal.SIGKILL)
+"""
+
+
+@contextmanager
+def deadline(seconds: float, message: str) -> Iterator[None]:
+    """End this process (SIGKILL, after ``message`` on stderr) if the block is not over
+    within ``seconds``. The libsql driver has no timeout and holds the GIL while it waits, so
+    neither a thread nor a signal handler of this process could stop it: another process
+    does. ``message`` shows on that process's command line: never put a secret in it."""
+    watchdog = subprocess.Popen(
+        [sys.executable, "-I", "-c", _WATCHDOG, str(os.getpid()), repr(seconds), message],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        assert watchdog.stdin is not None
+        watchdog.stdin.close()  # its select wakes, and it ends
+        watchdog.wait()
 
 
 # ------------------------------------------------------------------------ alembic revision

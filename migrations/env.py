@@ -6,7 +6,9 @@ command line shows a CommandError as ``FAILED: <message>``, with no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sqlite3
 from logging.config import fileConfig
 from typing import Any
@@ -19,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy_libsql.libsql import SQLiteDialect_libsql
 
 from harel_store.batch import drive
+from harel_store.checks import check_timeout
 from harel_store.connection import open_libsql
 from harel_store.connection.local import FileHold, hold_file, holder, import_libsql
 from harel_store.connection.revision import revision
@@ -32,6 +35,7 @@ from harel_store.connection.url import (
 )
 from harel_store.errors import StoreError, scrub
 from harel_store.migrate import (
+    deadline,
     driver_failure,
     number_revision,
     refuse_unknown_revision,
@@ -52,6 +56,9 @@ options: dict[str, Any] = {"transactional_ddl": True}
 # How long an upgrade of a local file waits for another process's upgrade (the driver's
 # default is not to wait at all: "database is locked").
 BUSY_TIMEOUT_MS = 60_000
+# How long a run against a server may take, as a whole (the store's default `timeout`): the
+# libsql driver Alembic runs on has no timeout of its own.
+TIMEOUT = 30.0
 
 
 class MigrationFailed(CommandError, StoreError):
@@ -77,6 +84,20 @@ def target() -> tuple[str, DatabaseURL]:
         return given, parse_database(given, token_from_env())
     except (ValueError, TypeError) as exc:  # it names what is wrong, never a token
         raise MigrationFailed(str(exc)) from None
+
+
+def server_timeout() -> float:
+    """Seconds a run against a server may take: `harel-store migrate --timeout`
+    (config.attributes["timeout"]), else -x timeout=, else $HAREL_TIMEOUT, else 30."""
+    given = config.attributes.get("timeout") or context.get_x_argument(as_dictionary=True).get(
+        "timeout", os.environ.get("HAREL_TIMEOUT") or TIMEOUT
+    )
+    try:
+        return check_timeout(float(given), "timeout")
+    except (ValueError, TypeError):
+        raise MigrationFailed(
+            f"timeout must be a number of seconds > 0, not {given!r:.40}"
+        ) from None
 
 
 def scripts_only() -> bool:
@@ -174,10 +195,20 @@ def reach(given: str, database: DatabaseURL) -> None:
 def run_migrations_online() -> None:
     given, database = target()
     local = database.local is not None
+    bound: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if not local:
+        seconds = server_timeout()
         reach(given, database)
+        # Alembic's command line says a failure as FAILED:, `harel-store migrate` as its own.
+        prefix = "FAILED" if config.cmd_opts is not None else "harel-store: error"
+        bound = deadline(
+            seconds,
+            f"{prefix}: {database.where} did not answer within {seconds:g} s: the migration"
+            " was stopped, nothing of it committed (a longer bound: HAREL_TIMEOUT=SECONDS)",
+        )
     try:
-        migrate_online(database)
+        with bound:
+            migrate_online(database)
     except CommandError:  # Alembic's own, or ours (MigrationFailed): one line already
         raise
     except StoreError as exc:  # the store's (a file another library holds, a schema error)

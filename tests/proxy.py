@@ -4,7 +4,8 @@ It forwards bytes both ways and watches the HTTP/1.1 requests that cross it: it 
 them, tracks how many are awaiting their answer at once, and can delay each request. Its
 ``mode`` misbehaves from the next request on: ``hang`` holds requests and never answers,
 ``cut`` drops the connection instead of forwarding a request, ``drop`` forwards it and
-drops the connection instead of the answer, ``blackhole`` swallows every byte either way on
+drops the connection instead of the answer (and ``hang_on`` holds only the requests with
+those bytes in them), ``blackhole`` swallows every byte either way on
 every connection (HTTP/2 too: a replica's sync) while it lasts. ``on_answer``, if
 set, runs once when the next answer arrives, before it is passed on. With ``listen`` False
 it answers a change notifications request (``GET /beta/listen``) with a 404 itself, as a
@@ -38,6 +39,7 @@ class Proxy:
         self.delay = 0.0  # seconds added before each request is forwarded
         self.on_answer: Callable[[], object] | None = None
         self.listen = True  # False: a change notifications request is answered 404
+        self.hang_on: bytes | None = None  # a request holding these bytes is never answered
         self.requests = 0  # requests seen, whatever became of them
         self.in_flight = 0
         self.max_in_flight = 0
@@ -114,7 +116,7 @@ class Proxy:
                         self.max_in_flight = max(self.max_in_flight, self.in_flight)
                     if self.mode == "cut":  # the request never reaches the server
                         break
-                    while self.mode == "hang":  # nor does any answer
+                    while self.mode == "hang" or (self.hang_on and self.hang_on in data):
                         if self._closed:
                             return
                         time.sleep(0.01)

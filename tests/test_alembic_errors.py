@@ -21,6 +21,7 @@ from alembic.script import ScriptDirectory
 from harel_store import SqliteStore
 from harel_store.sql import _MIGRATION_FILE, HEAD
 from tests.helpers import ALEMBIC, ROOT
+from tests.proxy import Proxy
 from tests.sqld import free_port
 
 HARELSTORE = Path(sys.executable).with_name("harel-store")
@@ -81,6 +82,24 @@ def upgrade_fails(
     for secret in secrets:
         assert secret not in result.stdout + result.stderr + cli.stdout + cli.stderr
     return message
+
+
+@pytest.mark.sqld
+def test_alembic_against_a_server_gone_silent_ends_within_its_timeout(sqld: Any) -> None:
+    """The store's revision check passes; the libsql driver's requests are never answered.
+    The run ends at -x timeout= with one line naming the server (a watchdog process kills
+    it: the driver holds the GIL while it waits)."""
+    with Proxy(sqld.port or 0) as proxy:
+        proxy.hang_on = b"x-libsql-client-version"  # the driver's requests, not the store's
+        env = environment(HAREL_AUTH_TOKEN=sqld.token)
+        command = [*ALEMBIC, "-x", f"url={proxy.url()}", "-x", "timeout=2", "upgrade", "head"]
+        result = run(command, env=env)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"FAILED: {proxy.url()} did not answer within 2 s: the migration was stopped, nothing"
+        " of it committed (a longer bound: HAREL_TIMEOUT=SECONDS)",
+    ]
+    assert sqld.token not in result.stderr
 
 
 def without_tls(port: int) -> str:

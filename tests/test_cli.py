@@ -23,6 +23,7 @@ from harel_store import HEAD, Event, Execution, LibsqlStore, SqliteStore, StoreE
 from harel_store.cli import COMMANDS, main
 from harel_store.models import Status
 from harel_store.sql import MIGRATIONS, SQL_DIR
+from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
 CLI = Path(sys.executable).with_name("harel-store")
@@ -507,6 +508,26 @@ def test_a_refused_token_is_one_line_without_the_token(sqld: SqldServer) -> None
         line = failed(result)
         assert wrong not in result.stdout + result.stderr
         assert "401" in line or "auth" in line.lower(), line
+
+
+@pytest.mark.sqld
+def test_migrate_against_a_server_gone_silent_ends_within_its_timeout(sqld: SqldServer) -> None:
+    """Our own revision checks pass; then the server stops answering the libsql driver
+    Alembic runs on (which has no timeout, and holds the GIL while it waits)."""
+    with Proxy(sqld.port or 0) as proxy:
+        proxy.hang_on = b"x-libsql-client-version"  # the driver's requests, not ours
+        env = {"HAREL_DATABASE_URL": proxy.url(), "HAREL_AUTH_TOKEN": sqld.token}
+        started = time.monotonic()
+        result = cli("migrate", "--timeout", "3", env=env)
+        assert time.monotonic() - started < 60
+    assert result.returncode != 0
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0] == (
+        f"harel-store: error: {proxy.url()} did not answer within 3 s: the migration was stopped,"
+        " nothing of it committed (a longer bound: HAREL_TIMEOUT=SECONDS)"
+    )
+    assert sqld.token not in result.stdout + result.stderr
 
 
 def test_colour_only_on_a_terminal(db: str) -> None:

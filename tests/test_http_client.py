@@ -625,3 +625,33 @@ def test_a_hrana_pipeline_on_sqld(mode: str, sqld: SqldServer) -> None:
         assert result["response"]["result"]["rows"] == [[{"type": "integer", "value": "1"}]]
     (refused,) = run(mode, sqld.url, [PIPELINE], headers={"Content-Type": "application/json"})
     assert refused.status == 401
+
+
+def test_a_slow_resolver_is_bounded_by_the_timeout(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The system's resolver has no timeout: a name it has not resolved yet (here a resolver
+    held in this process, as a silent DNS server would) times out with the request, which
+    ends while the resolver still has no answer. The server is real."""
+    server = serve(hang)
+    port = int(server.origin.rsplit(":", 1)[1])
+    real = socket.getaddrinfo
+    release, resolved = threading.Event(), threading.Event()
+
+    def held(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "held.invalid" or kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+            return real(host, *args, **kwargs)  # ("is it an IP address?" needs no DNS)
+        release.wait(10)
+        resolved.set()
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", held)
+    client = Client(f"http://held.invalid:{port}", headers={}, timeout=0.3, ssl_context=None)
+    try:
+        with pytest.raises(TimedOut, match=r"timed out after 0\.3 s") as info:
+            client.post("/", b"1")
+        assert not resolved.is_set()  # the request did not wait for the resolver
+        assert info.value.sent is False
+    finally:
+        release.set()
+        client.close()

@@ -384,3 +384,14 @@ try:
 except StoreError as exc:
     sys.exit(str(exc))
 """
+
+
+@pytest.mark.sqld
+def test_a_lock_file_that_is_a_symbolic_link_is_refused_and_not_followed(
+    sqld: Any, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "r.db-lock").symlink_to(elsewhere)
+    with pytest.raises(StoreError, match=r"r\.db-lock is a symbolic link"):
+        replica(sqld.url, tmp_path / "r.db", sqld.token)
+    assert not elsewhere.exists()  # neither created nor locked through the link

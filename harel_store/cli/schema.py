@@ -19,6 +19,7 @@ from harel_store.cli.common import (
     connection,
     current_revision,
     database,
+    duration,
     exists,
     require_local,
 )
@@ -140,6 +141,7 @@ def migrate(args: argparse.Namespace) -> int:
     elif ":" in target:
         raise ValueError(f"--to {target}: a range FROM:TO is for --sql (the script of it)")
     config = alembic_config(where)
+    config.attributes["timeout"] = args.timeout
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
     handler.addFilter(lambda record: record.getMessage().startswith("Running"))
@@ -182,6 +184,13 @@ def configure_migrate(parser: argparse.ArgumentParser) -> None:
         metavar="REV",
         help=f"target revision: {', '.join(REVISIONS)} (default: head); with --sql, also"
         " FROM:TO (that range, reading no database)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=duration,
+        metavar="SECONDS",
+        help="against a server, how long the migration may take before it is stopped"
+        " (default: $HAREL_TIMEOUT, else 30s)",
     )
 
 

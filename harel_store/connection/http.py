@@ -408,7 +408,17 @@ class Client(_Origin[socket.socket]):
     def _connect(self, deadline: float) -> socket.socket:
         sock = None
         try:
-            sock = socket.create_connection((self._host, self._port), self._left(deadline, False))
+            hosts = _resolve(self._host, self._port, self._left(deadline, False))
+            if hosts is None:
+                raise TimeoutError("resolving the host name")
+            for i, host in enumerate(hosts):  # as create_connection: the next on a failure
+                try:
+                    sock = socket.create_connection((host, self._port), self._left(deadline, False))
+                    break
+                except OSError:
+                    if i == len(hosts) - 1:
+                        raise
+            assert sock is not None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
                 sock.settimeout(self._left(deadline, False))  # the handshake's deadline
@@ -422,6 +432,35 @@ class Client(_Origin[socket.socket]):
             if isinstance(exc, OSError):
                 raise _connect_failure(exc) from exc
             raise
+
+
+def _resolve(host: str, port: int, wait: float) -> list[str] | None:
+    """``host``'s addresses, resolved within ``wait`` seconds (None: not in time): the
+    resolver has no timeout of its own, so a worker thread asks it. An IP address needs no
+    resolver."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        return [host]
+    except socket.gaierror:
+        pass
+    found: list[list[str] | OSError] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        try:
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            hosts = list(dict.fromkeys(str(entry[4][0]) for entry in info))
+            found.append(hosts or OSError("no address for the host"))
+        except OSError as exc:
+            found.append(exc)
+        done.set()
+
+    threading.Thread(target=ask, daemon=True, name="harel-resolve").start()
+    if not done.wait(wait):
+        return None
+    if isinstance(found[0], OSError):
+        raise found[0]
+    return found[0]
 
 
 class Stream:

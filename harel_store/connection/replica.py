@@ -16,6 +16,7 @@ once, whether or not the primary answers.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -346,9 +347,15 @@ def _lock(path: str, wait: float) -> int:
     StoreError: libsql's replica sync assumes it alone writes the file, and two of them on
     one file have corrupted it. (A store killed a moment ago may hold it still: its helper
     lets go once it has died too.)"""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(f"{path}-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(f"{path}-lock", flags, 0o644)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # never lock (nor create) what a symbolic link names
+            raise StoreError(
+                f"cannot open {path}: its lock file {path}-lock is a symbolic link; a replica's"
+                " lock file is a plain file (remove the link)"
+            ) from exc
         raise StoreError(f"cannot open {path}: {exc.strerror}") from exc
     if fcntl is None:
         return fd
