@@ -45,7 +45,7 @@ from harel_store.checks import (
     stored,
 )
 from harel_store.connection import Connection, is_remote, open_libsql, open_sqlite
-from harel_store.connection.local import Synchronous
+from harel_store.connection.local import LocalConnection, Synchronous
 from harel_store.connection.revision import ensure_schema, revision
 from harel_store.errors import StoreConflict, StoreError
 from harel_store.models import (
@@ -70,6 +70,7 @@ from harel_store.models import (
     TraceStep,
     WorkAhead,
 )
+from harel_store.pace import Pacer
 
 DEFAULT_TRACE_MAX = 200
 MAX_PAGE = 1000
@@ -286,6 +287,10 @@ class Store:
         self._stored: dict[str, tuple[int, str, str | None]] = {}
         self._stored_lock = threading.Lock()
         self._awaits = Awaits(self, connection.where)
+        # How many items a retention write takes (harel_store.pace), and the file's
+        # data_version at the previous one.
+        self._pacer = Pacer()
+        self._seen_version: int | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._conn.where!r})"
@@ -577,6 +582,7 @@ class Store:
     def _purge_finished(self, before: float, *, limit: int = 1000) -> Plan[int]:
         before = check_finite(before, "before")
         limit = _batch_limit(limit, MAX_PURGE)
+        limit = yield from self._retention_size("executions", limit)
         window = limit
         for _ in range(_PURGE_TRIES):
             trees: dict[str, list[tuple[str, int, str]]] = {}
@@ -596,10 +602,12 @@ class Store:
                     return 0
                 window *= 2  # every tree read has a running member: read past them
                 continue
+            started = time.perf_counter()
             try:
                 yield _purge_batch(chosen)
             except Conflicted:  # a member moved since it was read: read them again
                 continue
+            yield from self._retention_wrote("executions", len(chosen), started)
             self._forget(execution_id for execution_id, _ in chosen)
             return len(chosen)
         raise StoreError(
@@ -613,15 +621,18 @@ class Store:
         being handled again: keep markers longer than any redelivery can come."""
         return self._run(self._forget_processed(before, limit=limit))
 
-    @staticmethod
-    def _forget_processed(before: float, *, limit: int = 10000) -> Plan[int]:
+    def _forget_processed(self, before: float, *, limit: int = 10000) -> Plan[int]:
         before = check_finite(before, "before")
         limit = _batch_limit(limit, MAX_FORGET)
+        limit = yield from self._retention_size("markers", limit)
         batch = Batch()
         forgot = batch.add("forget_markers", before, limit)
         batch.add("renew_markers_since", before, limit)
+        started = time.perf_counter()
         results = yield batch
-        return results[forgot]  # type: ignore[no-any-return]
+        removed: int = results[forgot]
+        yield from self._retention_wrote("markers", removed, started)
+        return removed
 
     def purge_dead(self, before: float, *, limit: int = 1000) -> int:
         """Remove up to ``limit`` (1..100000) dead letters (outbox entries, spawns, timers)
@@ -629,18 +640,39 @@ class Store:
         return how many. Call again until 0."""
         return self._run(self._purge_dead(before, limit=limit))
 
-    @staticmethod
-    def _purge_dead(before: float, *, limit: int = 1000) -> Plan[int]:
+    def _purge_dead(self, before: float, *, limit: int = 1000) -> Plan[int]:
         before = check_finite(before, "before")
         left = _batch_limit(limit, MAX_FORGET)
+        total = 0
         for kind in ("outbox", "spawns", "timers"):  # one short transaction each
+            size = yield from self._retention_size("dead", left)
             batch = Batch()
-            batch.add(f"purge_dead_{kind}", before, left)
+            batch.add(f"purge_dead_{kind}", before, size)
+            started = time.perf_counter()
             (removed,) = yield batch
+            yield from self._retention_wrote("dead", removed, started)
+            total += removed
             left -= removed
-            if not left:
+            if removed == size:  # as many as it could take: more may be left (call again)
                 break
-        return limit - left
+        return total
+
+    def _retention_size(self, kind: str, limit: int) -> Plan[int]:
+        """How many items of ``kind`` the next retention write takes, up to ``limit``: on a
+        local file, what its time budget holds (`harel_store.pace`)."""
+        local = isinstance(self._conn, LocalConnection)
+        others_wrote = False
+        if local:
+            version = yield statement("data_version")
+            others_wrote, self._seen_version = version != self._seen_version, version
+        return self._pacer.size(kind, limit, local=local, others_wrote=others_wrote)
+
+    def _retention_wrote(self, kind: str, items: int, started: float) -> Plan[None]:
+        """After a retention write begun at ``started`` (perf_counter) removed ``items``: on
+        a local file, time it, and write the pages it left in the WAL back to the file."""
+        if items and isinstance(self._conn, LocalConnection):
+            self._pacer.took(kind, items, time.perf_counter() - started)
+            yield statement("checkpoint")
 
     def retention_counts(
         self,

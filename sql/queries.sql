@@ -36,6 +36,21 @@ SELECT CASE WHEN changes() <> ?1 THEN json('harel-store: the guarded statement c
 -- The database's clock, epoch seconds: every time the store writes is on it.
 SELECT (julianday('now') - 2440587.5) * 86400.0;
 
+-- name: data_version$
+-- row: version int
+-- A local file's count of the commits other connections made since this one last looked
+-- (it moves when another connection commits; its own commits leave it): retention sizes
+-- its writes by it (harel_store.pace). Local files only.
+PRAGMA data_version;
+
+-- name: checkpoint^
+-- row: busy int, log int, checkpointed int
+-- Write the WAL's committed pages back into a local file, waiting for no one (a reader's
+-- snapshot or a writer stops it where it is): after each of its writes, retention pays for
+-- the pages it wrote rather than leave them to the next commit that crosses the WAL's
+-- automatic checkpoint. Local files only.
+PRAGMA wal_checkpoint(PASSIVE);
+
 -- name: ping$
 -- row: one int
 -- Whether the server answers at all (and accepts the token).

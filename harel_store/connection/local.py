@@ -35,9 +35,11 @@ from harel_store.wakeup import Watch
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 _BEGIN, _COMMIT = statement("begin"), statement("commit")
 # The pauses of a request that found the file locked: doubling from the first to the
-# longest (each taken at 50 to 100 %), until busy_timeout.
+# longest (each taken at 50 to 100 %), until busy_timeout. A try costs some microseconds;
+# a longer pause would let another writer that frees the lock and takes it again soon (a
+# retention pass, harel_store.pace) keep the waiter out for several of its writes.
 BUSY_FIRST = 0.0001
-BUSY_LONGEST = 0.005
+BUSY_LONGEST = 0.001
 # SQLite's busy_timeout is a 32-bit count of milliseconds; past it the pragma wraps to 0.
 MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000
 
