@@ -215,6 +215,27 @@ def _purge_batch(members: list[tuple[str, int]]) -> Batch:
     return batch
 
 
+def _ripe_trees(walk: str, before: float, limit: int) -> Plan[list[tuple[str, int]]]:
+    """The members (id, version) of the first trees that ``walk`` (finished_trees or
+    orphan_trees) reads whose every member is final and last updated before ``before``, up
+    to ``limit`` of them (a larger tree alone); none when no such tree is left."""
+    window = limit
+    while True:
+        trees: dict[str, list[tuple[str, int, int]]] = {}
+        for root, execution_id, version, ripe in (yield statement(walk, before, window)):
+            trees.setdefault(root, []).append((execution_id, version, ripe))
+        chosen: list[tuple[str, int]] = []
+        for tree in trees.values():
+            if not all(ripe for _, _, ripe in tree):
+                continue  # a member running or updated since the horizon: the tree stays
+            if chosen and len(chosen) + len(tree) > limit:
+                break
+            chosen.extend((execution_id, version) for execution_id, version, _ in tree)
+        if chosen or len(trees) < window:
+            return chosen
+        window *= 2  # every tree read must stay: read past them
+
+
 def _kinds(items: queues.Items) -> list[str]:
     """The signals of work of these items' kinds made claimable again."""
     kinds = ((wakeup.OUTBOX, items.outbox), (wakeup.SPAWN, items.spawns))
@@ -574,8 +595,9 @@ class Store:
         """Remove up to ``limit`` (1..10000) finished, failed or cancelled executions last
         updated before ``before`` (epoch seconds, the database's clock), each with everything
         it owns; return how many. A child goes only with its root, and a tree only whole,
-        when every member is final (a tree larger than ``limit`` goes whole, alone in its
-        call). One short write transaction; call again until 0.
+        when every member is final and last updated before ``before`` (a tree larger than
+        ``limit`` goes whole, alone in its call). An execution whose parent row is gone is
+        the root of its own tree. One short write transaction; call again until 0.
         """
         return self._run(self._purge_finished(before, limit=limit))
 
@@ -583,25 +605,12 @@ class Store:
         before = check_finite(before, "before")
         limit = _batch_limit(limit, MAX_PURGE)
         limit = yield from self._retention_size("executions", limit)
-        window = limit
         for _ in range(_PURGE_TRIES):
-            trees: dict[str, list[tuple[str, int, str]]] = {}
-            for root, execution_id, version, status in (
-                yield statement("finished_trees", before, window)
-            ):
-                trees.setdefault(root, []).append((execution_id, version, status))
-            chosen: list[tuple[str, int]] = []
-            for tree in trees.values():
-                if any(status not in FINAL for _, _, status in tree):
-                    continue  # a final root with a running descendant stays, whole
-                if chosen and len(chosen) + len(tree) > limit:
-                    break
-                chosen.extend((execution_id, version) for execution_id, version, _ in tree)
+            chosen = yield from _ripe_trees("finished_trees", before, limit)
+            if not chosen:  # the roots' trees are done (or must wait): the orphans' then
+                chosen = yield from _ripe_trees("orphan_trees", before, limit)
             if not chosen:
-                if len(trees) < window:
-                    return 0
-                window *= 2  # every tree read has a running member: read past them
-                continue
+                return 0
             started = time.perf_counter()
             try:
                 yield _purge_batch(chosen)

@@ -800,12 +800,13 @@ WHERE parent_id IN (SELECT value FROM json_each(?1))
 -- time. Every time is epoch seconds on the database's clock.
 
 -- name: finished_trees
--- row: root text, id text, version int, status text
+-- row: root text, id text, version int, ripe int
 -- The trees of the first ?2 final roots last updated before ?1, least recently updated
 -- first (rows written before 0005, with no updated_at, before all: older than any time):
--- one row per member, each tree's root first, as (root, id, version, status). UNION stops
--- at a cycle. The walk reads harel_executions_final_roots alone (INDEXED BY: the planner
--- would rather seek the status index and step over every final child).
+-- one row per member, each tree's root first, as (root, id, version, ripe). ripe: the
+-- member is final and last updated before ?1 too; a tree goes only when every member is.
+-- UNION stops at a cycle. The walk reads harel_executions_final_roots alone (INDEXED BY:
+-- the planner would rather seek the status index and step over every final child).
 WITH RECURSIVE
     roots (at, id) AS (
         SELECT * FROM (
@@ -823,7 +824,44 @@ WITH RECURSIVE
         SELECT * FROM (SELECT at, id, id FROM roots ORDER BY at, id LIMIT ?2)
         UNION
         SELECT tree.at, tree.root, e.id FROM harel_executions AS e JOIN tree ON e.parent_id = tree.id)
-SELECT tree.root, e.id, e.version, COALESCE(e.status, 'unknown')
+SELECT tree.root, e.id, e.version,
+       COALESCE(e.status IN ('finished', 'failed', 'cancelled')
+                AND (e.updated_at IS NULL OR e.updated_at < ?1), 0)
+FROM tree CROSS JOIN harel_executions AS e ON e.id = tree.id -- CROSS: tree first, e by key
+ORDER BY tree.at, tree.root, e.id <> tree.root, e.id;
+
+-- name: orphan_trees
+-- row: root text, id text, version int, ripe int
+-- As finished_trees, for the final executions whose parent row is gone (purged alone, or
+-- never there: a spawn made after gc took its parent), each the root of its own tree. The
+-- walk reads harel_executions_final_children (0009) oldest first and probes each parent by
+-- primary key, stepping over the final children whose parent is still there: purge_finished
+-- reads it only once finished_trees has nothing to remove, when those are the children of
+-- trees that cannot go yet.
+WITH RECURSIVE
+    roots (at, id) AS (
+        SELECT * FROM (
+            SELECT updated_at, id FROM harel_executions AS o
+                INDEXED BY harel_executions_final_children
+            WHERE parent_id IS NOT NULL AND status IN ('finished', 'failed', 'cancelled')
+              AND updated_at IS NULL
+              AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = o.parent_id)
+            LIMIT ?2)
+        UNION ALL
+        SELECT * FROM (
+            SELECT updated_at, id FROM harel_executions AS o
+                INDEXED BY harel_executions_final_children
+            WHERE parent_id IS NOT NULL AND status IN ('finished', 'failed', 'cancelled')
+              AND updated_at < ?1
+              AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = o.parent_id)
+            ORDER BY updated_at LIMIT ?2)),
+    tree (at, root, id) AS (
+        SELECT * FROM (SELECT at, id, id FROM roots ORDER BY at, id LIMIT ?2)
+        UNION
+        SELECT tree.at, tree.root, e.id FROM harel_executions AS e JOIN tree ON e.parent_id = tree.id)
+SELECT tree.root, e.id, e.version,
+       COALESCE(e.status IN ('finished', 'failed', 'cancelled')
+                AND (e.updated_at IS NULL OR e.updated_at < ?1), 0)
 FROM tree CROSS JOIN harel_executions AS e ON e.id = tree.id -- CROSS: tree first, e by key
 ORDER BY tree.at, tree.root, e.id <> tree.root, e.id;
 
@@ -881,22 +919,30 @@ DELETE FROM harel_timers WHERE (execution_id, path) IN (
 
 -- name: retention_counts^
 -- row: executions int, markers int, dead int
--- What a gc would remove (harel-store gc --dry-run): the executions of the final trees
--- whose roots were last updated before ?1 (NULL: not asked; a tree with a member not
--- final counts 0), the markers recorded before ?2, the dead letters dead before ?3.
--- The counts read what the batches would walk, to its end.
+-- What a gc would remove (harel-store gc --dry-run): the executions of the trees, as
+-- finished_trees and orphan_trees walk them, whose members are all final and last updated
+-- before ?1 (NULL: not asked), the markers recorded before ?2, the dead letters dead before
+-- ?3. The counts read what the batches would walk, to its end.
 WITH RECURSIVE
     tree (root, id) AS (
         SELECT id, id FROM harel_executions INDEXED BY harel_executions_final_roots
         WHERE ?1 IS NOT NULL AND parent_id IS NULL
           AND status IN ('finished', 'failed', 'cancelled')
           AND (updated_at IS NULL OR updated_at < ?1)
+        UNION ALL
+        SELECT id, id FROM harel_executions AS o INDEXED BY harel_executions_final_children
+        WHERE ?1 IS NOT NULL AND parent_id IS NOT NULL
+          AND status IN ('finished', 'failed', 'cancelled')
+          AND (updated_at IS NULL OR updated_at < ?1)
+          AND NOT EXISTS (SELECT 1 FROM harel_executions WHERE id = o.parent_id)
         UNION
         SELECT tree.root, e.id FROM harel_executions AS e JOIN tree ON e.parent_id = tree.id),
-    trees (members, open) AS (
-        SELECT COUNT(*), SUM(COALESCE(e.status, 'unknown') NOT IN ('finished', 'failed', 'cancelled'))
+    trees (members, unripe) AS (
+        SELECT COUNT(*),
+               SUM(COALESCE(e.status IN ('finished', 'failed', 'cancelled')
+                            AND (e.updated_at IS NULL OR e.updated_at < ?1), 0) = 0)
         FROM tree CROSS JOIN harel_executions AS e ON e.id = tree.id GROUP BY tree.root)
-SELECT (SELECT COALESCE(SUM(members), 0) FROM trees WHERE open = 0),
+SELECT (SELECT COALESCE(SUM(members), 0) FROM trees WHERE unripe = 0),
        (SELECT COUNT(*) FROM harel_executions AS e JOIN harel_processed_events AS p
         ON p.execution_id = e.id WHERE e.markers_since < ?2 AND p.recorded_at < ?2),
        (SELECT COUNT(*) FROM harel_outbox WHERE dead_at < ?3)

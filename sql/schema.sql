@@ -38,6 +38,10 @@ WHERE markers_since IS NOT NULL;
 -- running execution never writes it. NULL updated_at (rows written before 0005) first.
 CREATE INDEX harel_executions_final_roots ON harel_executions (updated_at)
 WHERE parent_id IS NULL AND status IN ('finished', 'failed', 'cancelled');
+-- The final children, least recently updated first, with their parent (0009): purge_finished
+-- finds among them those whose parent row is gone, the roots of their own trees.
+CREATE INDEX harel_executions_final_children ON harel_executions (updated_at, parent_id)
+WHERE parent_id IS NOT NULL AND status IN ('finished', 'failed', 'cancelled');
 
 CREATE TABLE harel_outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -36,7 +36,7 @@ HOT = {
     "extend_timer", "revive_outbox", "revive_spawns", "revive_timer", "dead_letters",
     "release_outbox", "release_spawns", "release_timer", "attempts_of", "note_marker",
     "finished_trees", "forget_markers", "renew_markers_since", "purge_dead_outbox",
-    "purge_dead_spawns", "purge_dead_timers", "purge_children_left",
+    "purge_dead_spawns", "purge_dead_timers", "purge_children_left", "orphan_trees",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
 # and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it
@@ -130,6 +130,19 @@ def test_retention_walks_its_own_indexes_oldest_first(conn: Any) -> None:
         "SEARCH harel_executions USING INDEX harel_executions_final_roots (updated_at=?)",
         "SEARCH harel_executions USING INDEX harel_executions_final_roots (updated_at<?)",
     ]
+    # The orphans: the final children alone, oldest first in index order (no sort of them),
+    # each parent probed by primary key; never the table's rows to decide.
+    plan = _plan(conn, "orphan_trees")
+    walk = [s for s in plan if s.startswith("SEARCH o ")]
+    assert walk == [
+        "SEARCH o USING INDEX harel_executions_final_children (updated_at=? AND parent_id>?)",
+        "SEARCH o USING INDEX harel_executions_final_children (updated_at<?)",
+    ]
+    probe = "SEARCH harel_executions USING COVERING INDEX sqlite_autoindex_harel_executions_1"
+    probe += " (id=?)"
+    assert plan.count(probe) == 2, plan
+    walked = plan[plan.index(walk[1]) : plan.index("SCAN (subquery-5)")]
+    assert not [s for s in walked if "TEMP B-TREE" in s], plan  # read in index order
     for name in ("forget_markers", "renew_markers_since"):
         plan = _plan(conn, name)
         walk = "SEARCH harel_executions USING INDEX harel_executions_markers (markers_since<?)"

@@ -298,16 +298,68 @@ def test_a_tree_goes_whole_and_only_when_every_member_is_final(store: Any) -> No
     assert ids(store) == ["n", "n.a", "u", "u.a", "v", "v.a"]
     assert store.purge_finished(BEFORE) == 0
     assert store.load("t.a.x") is None and store.load("v.a") is not None
-    exes["u.a"].status = "finished"  # the child ends (updated now): its old root's tree goes
-    store.save(exes["u.a"])
-    assert store.retention_counts(finished_before=BEFORE) == (2, 0, 0)
-    assert drain(lambda: store.purge_finished(BEFORE)) == [2, 0]
-    assert ids(store) == ["n", "n.a", "v", "v.a"]
+    exes["u.a"].status = "finished"  # the child ends, updated now: after the horizon, so
+    store.save(exes["u.a"])  # its old root's tree waits for a later one
+    assert store.retention_counts(finished_before=BEFORE) == (0, 0, 0)
+    assert store.purge_finished(BEFORE) == 0
     exes["v"].status = "cancelled"  # updated now: newer than BEFORE
     store.save(exes["v"])
     assert store.purge_finished(BEFORE) == 0
-    assert drain(lambda: store.purge_finished(store.clock() + 60)) == [4, 0]
+    assert drain(lambda: store.purge_finished(store.clock() + 60)) == [6, 0]
     assert ids(store) == []
+
+
+def test_a_member_updated_after_the_horizon_keeps_its_old_tree(store: Any) -> None:
+    # purge_finished removes executions last updated before `before`: a tree whose root is
+    # old goes only once every member is old too (and the dry run's count agrees).
+    make_trees(
+        store,
+        {
+            "t": ("finished", None),  # old root, old child, young grandchild: stays whole
+            "t.a": ("finished", "t"),
+            "t.a.x": ("failed", "t.a"),
+            "o": ("finished", None),  # all old: goes, though behind t with limit 1
+            "o.a": ("cancelled", "o"),
+        },
+    )
+    set_updated(store, {"t": OLD, "t.a": OLD, "o": OLD + 1, "o.a": OLD + 1})
+    assert store.retention_counts(finished_before=BEFORE) == (2, 0, 0)
+    assert drain(lambda: store.purge_finished(BEFORE, limit=1)) == [2, 0]
+    assert ids(store) == ["t", "t.a", "t.a.x"]
+    assert store.retention_counts(finished_before=BEFORE) == (0, 0, 0)
+    later = store.clock() + 60
+    assert store.retention_counts(finished_before=later) == (3, 0, 0)
+    assert drain(lambda: store.purge_finished(later)) == [3, 0]
+    assert ids(store) == []
+
+
+def test_an_execution_whose_parent_is_gone_is_the_root_of_its_own_tree(store: Any) -> None:
+    exes = make_trees(
+        store,
+        {
+            "p": ("running", None),  # purged alone below (purge --orphan)
+            "p.a": ("finished", "p"),  # an orphan with its own final subtree: goes
+            "p.a.x": ("failed", "p.a"),
+            "p.b": ("cancelled", "p"),  # an orphan alone: goes
+            "p.c": ("finished", "p"),  # an orphan with a running child: stays
+            "p.c.y": ("running", "p.c"),
+            "p.d": ("finished", "p"),  # an orphan updated after the horizon: stays
+            "p.e": ("running", "p"),  # running: stays
+        },
+    )
+    assert store.purge("p", exes["p"].version)
+    new(store, "late", "finished", "gone")  # a spawn made after gc took its parent
+    old = ["p.a", "p.a.x", "p.b", "p.c", "p.c.y", "p.e", "late"]
+    set_updated(store, dict.fromkeys(old, OLD))
+    set_updated(store, {"p.b": None})  # a row written before 0005: older than any time
+    assert store.retention_counts(finished_before=BEFORE) == (4, 0, 0)
+    assert drain(lambda: store.purge_finished(BEFORE, limit=1)) == [1, 1, 2, 0]
+    assert ids(store) == ["p.c", "p.c.y", "p.d", "p.e"]
+    assert store.retention_counts(finished_before=BEFORE) == (0, 0, 0)
+    later = store.clock() + 60
+    assert store.retention_counts(finished_before=later) == (1, 0, 0)
+    assert drain(lambda: store.purge_finished(later)) == [1, 0]
+    assert ids(store) == ["p.c", "p.c.y", "p.e"]
 
 
 def test_each_call_takes_at_most_limit_and_never_splits_a_tree(local: Any) -> None:
@@ -334,7 +386,8 @@ def test_each_call_takes_at_most_limit_and_never_splits_a_tree(local: Any) -> No
             "d": ("finished", None),
         },
     )
-    set_updated(local, {"a": OLD, "b": OLD + 1, "c": OLD + 2, "d": OLD + 3})
+    set_updated(local, {"a": OLD, "a.1": OLD, "a.2": OLD, "b": OLD + 1, "c": OLD + 2})
+    set_updated(local, {"c.1": OLD + 2, "d": OLD + 3})
     left.clear()
     assert drain(lambda: local.purge_finished(BEFORE, limit=2), note) == [3, 1, 2, 1, 0]
     assert left == [["b", "c", "c.1", "d"], ["c", "c.1", "d"], ["d"], [], []]
@@ -380,7 +433,7 @@ def test_final_roots_with_running_children_in_front_do_not_stop_the_walk(local: 
         new(local, f"b{i}.run", "running", f"b{i}")
     new(local, "z", "finished")
     new(local, "z.1", "finished", "z")
-    set_updated(local, {**{f"b{i}": OLD + i for i in range(5)}, "z": OLD + 10})
+    set_updated(local, {**{f"b{i}": OLD + i for i in range(5)}, "z": OLD + 10, "z.1": OLD})
     assert local.retention_counts(finished_before=BEFORE) == (2, 0, 0)
     assert drain(lambda: local.purge_finished(BEFORE, limit=2)) == [2, 0]
     assert drain(lambda: local.purge_finished(BEFORE, limit=1)) == [0]
@@ -393,7 +446,7 @@ def test_final_roots_with_running_children_in_front_do_not_stop_the_walk(local: 
     assert len(ids(local)) == 10
     new(local, "w", "finished")  # limit 1, behind the five blocked trees: larger than limit
     new(local, "w.1", "finished", "w")
-    set_updated(local, {"w": OLD + 30})
+    set_updated(local, {"w": OLD + 30, "w.1": OLD + 30})
     assert drain(lambda: local.purge_finished(BEFORE, limit=1)) == [2, 0]
     # A member with no status (a row before its summary columns) is not final: it blocks.
     new(local, "q", "finished")
@@ -434,7 +487,7 @@ def test_a_tree_that_moves_between_the_read_and_the_purge_is_read_again(
     # A member written meanwhile: its version CAS fails, the trees are read again.
     new(local, "r", "finished")
     kid = new(local, "r.1", "finished", "r")
-    set_updated(local, {"r": OLD})
+    set_updated(local, {"r": OLD, "r.1": OLD})
 
     def reopen() -> None:
         kid.status = "running"
@@ -443,9 +496,9 @@ def test_a_tree_that_moves_between_the_read_and_the_purge_is_read_again(
     meddle_before_purge(local, monkeypatch, reopen)
     assert local.purge_finished(BEFORE) == 0
     assert ids(local) == ["r", "r.1"]
-    kid.status = "finished"
+    kid.status = "finished"  # updated now: a horizon after it takes the tree
     local.save(kid)
-    assert local.purge_finished(BEFORE) == 2
+    assert local.purge_finished(local.clock() + 60) == 2
 
 
 def test_a_child_made_between_the_read_and_the_purge_keeps_its_tree(
