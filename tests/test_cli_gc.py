@@ -77,6 +77,19 @@ def test_nothing_to_collect_and_bad_batches_are_usage_errors(db: str) -> None:
     assert len(ids(db)) == 5  # nothing removed
 
 
+@pytest.mark.parametrize(
+    "flag", ["--finished-older-than", "--markers-older-than", "--dead-older-than"]
+)
+def test_an_age_without_a_unit_is_a_usage_error(db: str, flag: str) -> None:
+    # "--markers-older-than 30" meant 30 seconds: every marker (these are 10 days old) gone.
+    for bare in ("30", "0", "1.5"):
+        line = failed(cli("gc", "--url", db, flag, bare), 2)
+        assert "needs a unit" in line and repr(bare) in line, line
+    assert len(ids(db)) == 5
+    with LibsqlStore(db) as store:
+        assert markers(store) == 2 and len(store.dead_letters()) == 3
+
+
 def test_a_dry_run_counts_and_removes_nothing(db: str) -> None:
     out = ok(cli("gc", "--url", db, "--finished-older-than", "7d", "--markers-older-than", "7d",
                  "--dead-older-than", "7d", "--dry-run"))  # fmt: skip
@@ -140,7 +153,7 @@ def test_progress_shows_on_a_terminal_only(db: str) -> None:
     assert b"executions: 1 removed" in shown and b"executions: 2 removed" in shown
     assert proc.stdout.startswith("removed 2 executions")
     # into a pipe: the totals alone (order-1's tree still runs; its marker goes)
-    piped = cli("gc", "--url", db, "--finished-older-than", "0", "--markers-older-than", "0")
+    piped = cli("gc", "--url", db, "--finished-older-than", "0s", "--markers-older-than", "0s")
     assert ok(piped).startswith("removed 0 executions, 1 marker in ") and piped.stderr == ""
 
 

@@ -118,6 +118,16 @@ def duration(text: str) -> float:
     return seconds
 
 
+def age(text: str) -> float:
+    """An argparse type: a duration written with its unit (``90s``, ``5m``, ``1.5h``,
+    ``2d``), for an age that decides what is deleted: a bare number's unit is a guess."""
+    if _DURATION.fullmatch(text.strip()) and text.strip()[-1].isdigit():
+        raise argparse.ArgumentTypeError(
+            f"an age needs a unit (30s, 5m, 1h, 2d): {text!r} (seconds? days?)"
+        )
+    return duration(text)
+
+
 def moment(text: str) -> float:
     """An argparse type: an epoch time, written as a duration back from now (``1h``: an hour
     ago) or as ISO 8601 (``2026-12-01``, ``2026-12-01T10:00Z``; no offset means UTC)."""

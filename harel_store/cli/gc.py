@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from harel_store.cli.common import Command, add_json, duration, limit, open_store
+from harel_store.cli.common import Command, add_json, age, limit, open_store
 from harel_store.cli.output import PROG, colour_on, to_json
 from harel_store.store import MAX_PURGE
 
@@ -110,13 +110,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_json(parser)
     parser.add_argument(
         "--finished-older-than",
-        type=duration,
+        type=age,
         metavar="DUR",
         help="finished, failed and cancelled execution trees last updated longer ago than DUR",
     )
     parser.add_argument(
         "--markers-older-than",
-        type=duration,
+        type=age,
         nargs="?",
         const=MARKERS_KEPT,
         metavar="DUR",
@@ -125,7 +125,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dead-older-than",
-        type=duration,
+        type=age,
         metavar="DUR",
         help="dead letters (outbox entries, spawns, timers) dead longer ago than DUR",
     )
@@ -148,11 +148,13 @@ COMMANDS = [
         "forget what is old: final execution trees, dedupe markers, dead letters",
         f"""Each kind is removed oldest first in short write transactions (--batch), so the
 commits of running engines wait milliseconds, not seconds; run it from cron as often as you
-like. Ages are on the database's clock. A tree goes only whole and only once every
-execution in it is final; an execution goes with everything it owns (trace, markers,
-timers, outbox entries sent to it, its spawns). A forgotten marker no longer stops its
-event from being handled again: keep markers longer than any redelivery (leases, retries,
-backoffs) can come; 30 days when --markers-older-than is given without DUR.
+like. Ages are on the database's clock and take a unit (s, m, h, d). A tree goes only
+whole and only once every execution in it is final and older than the age (an execution
+whose parent is gone is the root of its own tree); an execution goes with everything it
+owns (trace, markers, timers, outbox entries sent to it, its spawns). A forgotten marker
+no longer stops its event from being handled again: keep markers longer than any
+redelivery (leases, retries, backoffs) can come; 30 days when --markers-older-than is
+given without DUR.
 
 examples:
   {PROG} gc --finished-older-than 90d --markers-older-than --dead-older-than 30d
