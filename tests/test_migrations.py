@@ -260,3 +260,31 @@ def test_0008_stamps_new_trace_steps_and_leaves_older_ones_untimed(tmp_path: Pat
             (0, "{}"),
             (1, '{"event":"later"}'),
         ]
+
+
+def test_0009_indexes_the_orphans_already_there(tmp_path: Path) -> None:
+    # An execution whose parent was purged alone before 0009 is found by purge_finished
+    # after it: the index is built from the rows there.
+    db = tmp_path / "old.db"
+    alembic("-x", f"url={db}", "upgrade", "0008")
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.executemany(
+            "INSERT INTO harel_executions (id, definition_id, data, version, status, parent_id,"
+            " updated_at) VALUES (?, 'd', ?, 1, ?, ?, 1000.0)",
+            [
+                (eid, f'{{"id": "{eid}", "definition_id": "d"}}', status, parent)
+                for eid, status, parent in [
+                    ("kid", "finished", "gone"),
+                    ("kid.a", "failed", "kid"),
+                    ("run", "running", "gone"),
+                ]
+            ],
+        )
+    with SqliteStore(db) as store:  # migrates to head
+        assert store.retention_counts(finished_before=2000.0) == (2, 0, 0)
+        assert store.purge_finished(2000.0) == 2
+        assert [s.id for s in store.list_executions().items] == ["run"]
+    alembic("-x", f"url={db}", "downgrade", "0008")
+    with closing(sqlite3.connect(db)) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "harel_executions_final_children" not in names
