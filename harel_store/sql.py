@@ -1,6 +1,6 @@
 """The SQL the store runs, read once from the package's ``sql/`` folder.
 
-``queries.sql`` holds named blocks (``-- name: load_execution$``); the suffix of a name says
+``queries.sql`` holds named blocks (``-- name: load_execution^``); the suffix of a name says
 what a call returns (see the file's header). Migrations are ``sql/migrations/NNNN_name.up.sql``
 and ``.down.sql``, run statement by statement inside the caller's transaction.
 """

@@ -680,9 +680,14 @@ class Store:
 
     # --- reads ---
 
-    def _execution(self, execution_id: str, data: str) -> Execution:
+    def _execution(self, execution_id: str, data: str, version: int) -> Execution:
+        """The stored record at its ``version`` column: the CAS compares the column, which a
+        foreign client may have moved without the JSON's copy (a load that took the JSON's
+        would conflict on every commit, and reload the same stale version, for ever)."""
         try:
             exe = Execution.model_validate_json(data)
+            if exe.version != version:
+                exe.version = version
         except ValidationError as exc:
             raise StoreError(
                 f"execution {execution_id!r} has a corrupt stored record: {exc}"
@@ -696,8 +701,8 @@ class Store:
 
     def _load(self, execution_id: str) -> Plan[Execution | None]:
         check_id(execution_id, "execution_id")
-        data = yield statement("load_execution", execution_id)
-        return None if data is None else self._execution(execution_id, data)
+        row = yield statement("load_execution", execution_id)
+        return None if row is None else self._execution(execution_id, *row)
 
     def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
         """The execution and whether ``event_id`` was already processed, in one round trip."""
@@ -708,10 +713,10 @@ class Store:
     ) -> Plan[tuple[Execution | None, bool]]:
         check_id(execution_id, "execution_id")
         check_id(event_id, "event_id")
-        data, processed = yield statement("load_for_event", execution_id, event_id)
+        data, version, processed = yield statement("load_for_event", execution_id, event_id)
         if data is None:
             return None, False
-        return self._execution(execution_id, data), bool(processed)
+        return self._execution(execution_id, data, version), bool(processed)
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether the execution already handled the event ``event_id``."""
@@ -1065,7 +1070,10 @@ class Store:
         one read (of the primary on a replica)."""
         arg = json.dumps({execution_id: sorted(s) for execution_id, s in wanted.items()})
         rows = yield fresh("awaited", arg)
-        return {execution_id: self._execution(execution_id, data) for execution_id, data in rows}
+        return {
+            execution_id: self._execution(execution_id, data, version)
+            for execution_id, data, version in rows
+        }
 
     def ack(self, items: Iterable[RelayItem]) -> int:
         """Consume delivered items, any mix of `OutboxEntry`, `SpawnEntry` and `DueTimer`

@@ -113,22 +113,27 @@ WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 -- row: version int
 SELECT version FROM harel_executions WHERE id = ?;
 
--- name: load_execution$
--- row: data text
-SELECT data FROM harel_executions WHERE id = ?;
+-- name: load_execution^
+-- row: data text, version int
+-- The record and its version column: the CAS compares the column, so a load takes the
+-- version from it, not from the JSON (which a client that moved the column alone left
+-- behind; taking the JSON's would conflict on every commit, for ever).
+SELECT data, version FROM harel_executions WHERE id = ?;
 
 -- name: load_for_event^
--- row: data text?, processed int
--- The worker's per-event pair in one round trip: the execution and its dedupe marker.
-SELECT (SELECT data FROM harel_executions WHERE id = ?1),
-       EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2);
+-- row: data text?, version int?, processed int
+-- The worker's per-event pair in one round trip: the execution (its version column as in
+-- load_execution; NULLs when there is none) and its dedupe marker. Always one row.
+SELECT e.data, e.version,
+       EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2)
+FROM (SELECT 1) LEFT JOIN harel_executions AS e ON e.id = ?1;
 
 -- name: awaited
--- row: id text, data text
+-- row: id text, data text, version int
 -- What the wait_for calls of a store wait on, read at once: of the executions in ?1, a JSON
 -- object of id -> [status, ...], those now at one of their statuses, with their record.
 -- One primary-key lookup a waited execution.
-SELECT e.id, e.data FROM json_each(?1) AS w
+SELECT e.id, e.data, e.version FROM json_each(?1) AS w
 JOIN harel_executions AS e ON e.id = w.key
 WHERE e.status IN (SELECT value FROM json_each(w.value));
 
