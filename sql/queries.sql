@@ -993,6 +993,34 @@ FROM harel_spawns WHERE seq = -?1;
 SELECT 'timer', dead_at, attempts, last_error, NULL, execution_id, path, fire_at, NULL
 FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
 
+-- One dead letter removed by its key, whatever it holds (an event or a context that no
+-- longer decodes included); a live row with that key is left alone: discard by key.
+
+-- name: discard_dead_outbox_entry!
+DELETE FROM harel_outbox WHERE seq = -?1;
+
+-- name: discard_dead_spawn!
+DELETE FROM harel_spawns WHERE seq = -?1;
+
+-- name: discard_dead_timer!
+DELETE FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
+
+-- Up to ?1 dead letters of one kind, whatever they hold: each the rows pending_counts counts
+-- as dead (an outbox entry's or a spawn's seq below 0, from -1 down: the primary key; a
+-- timer's dead_at set: its dead index). discard --all, a page at a time.
+
+-- name: discard_dead_outbox!
+DELETE FROM harel_outbox
+WHERE seq IN (SELECT seq FROM harel_outbox WHERE seq < 0 ORDER BY seq DESC LIMIT ?1);
+
+-- name: discard_dead_spawns!
+DELETE FROM harel_spawns
+WHERE seq IN (SELECT seq FROM harel_spawns WHERE seq < 0 ORDER BY seq DESC LIMIT ?1);
+
+-- name: discard_dead_timers!
+DELETE FROM harel_timers WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM harel_timers WHERE dead_at IS NOT NULL LIMIT ?1);
+
 -- name: timers_of
 -- row: path text, fire_at real
 -- The execution's live timers (its dead ones are dead letters).
