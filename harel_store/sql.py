@@ -26,7 +26,7 @@ def resource(name: str) -> Path:
 
 SQL_DIR = resource("sql")
 
-_NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^!]?)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^=!]?)\s*$", re.MULTILINE)
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
@@ -68,7 +68,7 @@ def _kind_of(value: Any) -> str:
 @dataclass(frozen=True)
 class Query:
     name: str
-    kind: str  # "" rows, "^" one row, "$" one value, "!" rowcount
+    kind: str  # "" rows, "^" one row or None, "=" exactly one row, "$" one value, "!" rowcount
     sql: str  # with plain `?` placeholders only
     order: tuple[int, ...] = ()  # for a block written with `?N`: the argument each `?` takes
     # The row it returns, declared by a `-- row: id text, fire_at real, at real?` line

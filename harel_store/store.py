@@ -575,7 +575,7 @@ class Store:
             dumps(record.source, "definition source"),
             record.published_at,
         )
-        batch.add("load_definition", record.definition_id, record.version)
+        batch.add("stored_definition", record.definition_id, record.version)
         _, row = yield batch
         return self._definition(row)
 
@@ -727,7 +727,7 @@ class Store:
     def _load(self, execution_id: str) -> Plan[Execution | None]:
         check_id(execution_id, "execution_id")
         row = yield statement("load_execution", execution_id)
-        return None if row is None else self._execution(execution_id, *row)
+        return None if row is None else self._execution(*row)
 
     def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
         """The execution and whether ``event_id`` was already processed, in one round trip."""
@@ -738,10 +738,10 @@ class Store:
     ) -> Plan[tuple[Execution | None, bool]]:
         check_id(execution_id, "execution_id")
         check_id(event_id, "event_id")
-        data, version, processed = yield statement("load_for_event", execution_id, event_id)
-        if data is None:
+        found, data, version, processed = yield statement("load_for_event", execution_id, event_id)
+        if found is None:
             return None, False
-        return self._execution(execution_id, data, version), bool(processed)
+        return self._execution(found, data, version), bool(processed)
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether the execution already handled the event ``event_id``."""

@@ -1,6 +1,8 @@
 -- Every statement the store runs, as named blocks. The suffix of a name says what comes back:
 --   name    all rows (a list of tuples)
 --   name^   one row or None
+--   name=   exactly one row: a reply with none (a server or a proxy gone wrong) is a
+--           StoreError naming the query, as a row of the wrong shape is
 --   name$   the first column of one row, or None
 --   name!   nothing but the number of rows changed
 -- Parameters are positional (`?` or `?N`): the libsql driver takes no named parameters.
@@ -114,17 +116,18 @@ WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 SELECT version FROM harel_executions WHERE id = ?;
 
 -- name: load_execution^
--- row: data text, version int
+-- row: id text, data text, version int
 -- The record and its version column: the CAS compares the column, so a load takes the
 -- version from it, not from the JSON (which a client that moved the column alone left
--- behind; taking the JSON's would conflict on every commit, for ever).
-SELECT data, version FROM harel_executions WHERE id = ?;
+-- behind; taking the JSON's would conflict on every commit, for ever). The id first: a
+-- row that does not fit is named by it.
+SELECT id, data, version FROM harel_executions WHERE id = ?;
 
--- name: load_for_event^
--- row: data text?, version int?, processed int
--- The worker's per-event pair in one round trip: the execution (its version column as in
--- load_execution; NULLs when there is none) and its dedupe marker. Always one row.
-SELECT e.data, e.version,
+-- name: load_for_event=
+-- row: id text?, data text?, version int?, processed int
+-- The worker's per-event pair in one round trip: the execution (as load_execution reads it;
+-- NULLs when there is none) and its dedupe marker. Always one row.
+SELECT e.id, e.data, e.version,
        EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2)
 FROM (SELECT 1) LEFT JOIN harel_executions AS e ON e.id = ?1;
 
@@ -677,7 +680,7 @@ UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(
 WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
--- name: work_ahead^
+-- name: work_ahead=
 -- row: outbox int, spawns int, timers int, next_timer_at real?
 -- What a relay could claim at ?1 (the caller's clock, as claim_due_timers takes it), without
 -- claiming it: whether an outbox entry, a spawn and a timer due at ?1 are claimable (live,
@@ -910,6 +913,13 @@ VALUES (?, ?, ?, ?, ?);
 SELECT definition_id, version, digest, source, published_at
 FROM harel_definitions WHERE definition_id = ? AND version = ?;
 
+-- name: stored_definition=
+-- row: definition_id text, version int, digest text, source text, published_at real?
+-- load_definition after publish_definition in the same batch: the row it stored, or the
+-- one stored first, is due.
+SELECT definition_id, version, digest, source, published_at
+FROM harel_definitions WHERE definition_id = ? AND version = ?;
+
 -- Operator queries (harel-store CLI)
 
 -- name: schema_tables
@@ -947,7 +957,7 @@ SELECT type, name, sql FROM sqlite_master WHERE type IN ('view', 'trigger') ORDE
 -- A row whose summary is NULL (its JSON was corrupt when 0002 backfilled it) counts as unknown.
 SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 ORDER BY 1;
 
--- name: pending_counts^
+-- name: pending_counts=
 -- row: outbox int, spawns int, due int, later int, oldest_outbox real?, held_outbox int, held_spawns int, held_timers int, oldest_spawn real?, soonest real?, now real, dead_outbox int, dead_spawns int, dead_timers int
 -- Pending (live) outbox entries and spawns, live timers due at ?1 and later than it, when the
 -- oldest pending outbox entry was written (unknown before outbox rows carried created_at),

@@ -36,7 +36,7 @@ HOT = {
     "extend_timer", "revive_outbox", "revive_spawns", "revive_timer", "dead_letters",
     "release_outbox", "release_spawns", "release_timer", "attempts_of", "note_marker",
     "finished_trees", "forget_markers", "renew_markers_since", "purge_dead_outbox",
-    "purge_dead_spawns", "purge_dead_timers", "purge_children_left",
+    "purge_dead_spawns", "purge_dead_timers", "purge_children_left", "stored_definition",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
 # and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it
