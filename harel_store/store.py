@@ -727,7 +727,7 @@ class Store:
     def _load(self, execution_id: str) -> Plan[Execution | None]:
         check_id(execution_id, "execution_id")
         row = yield statement("load_execution", execution_id)
-        return None if row is None else self._execution(*row)
+        return None if row is None else self._execution(execution_id, *row)
 
     def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
         """The execution and whether ``event_id`` was already processed, in one round trip."""
@@ -738,10 +738,10 @@ class Store:
     ) -> Plan[tuple[Execution | None, bool]]:
         check_id(execution_id, "execution_id")
         check_id(event_id, "event_id")
-        found, data, version, processed = yield statement("load_for_event", execution_id, event_id)
-        if found is None:
+        data, version, processed = yield statement("load_for_event", execution_id, event_id)
+        if data is None:
             return None, False
-        return self._execution(found, data, version), bool(processed)
+        return self._execution(execution_id, data, version), bool(processed)
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether the execution already handled the event ``event_id``."""

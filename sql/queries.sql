@@ -116,18 +116,18 @@ WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 SELECT version FROM harel_executions WHERE id = ?;
 
 -- name: load_execution^
--- row: id text, data text, version int
+-- row: data text, version int
 -- The record and its version column: the CAS compares the column, so a load takes the
 -- version from it, not from the JSON (which a client that moved the column alone left
--- behind; taking the JSON's would conflict on every commit, for ever). The id first: a
--- row that does not fit is named by it.
-SELECT id, data, version FROM harel_executions WHERE id = ?;
+-- behind; taking the JSON's would conflict on every commit, for ever). No id column: each
+-- cell costs the hot path (a row that does not fit is named by its JSON's start).
+SELECT data, version FROM harel_executions WHERE id = ?;
 
 -- name: load_for_event=
--- row: id text?, data text?, version int?, processed int
+-- row: data text?, version int?, processed int
 -- The worker's per-event pair in one round trip: the execution (as load_execution reads it;
 -- NULLs when there is none) and its dedupe marker. Always one row.
-SELECT e.id, e.data, e.version,
+SELECT e.data, e.version,
        EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2)
 FROM (SELECT 1) LEFT JOIN harel_executions AS e ON e.id = ?1;
 
