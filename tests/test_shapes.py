@@ -249,6 +249,7 @@ VERSION_KINDS = [
     "async-libsql-file",
     pytest.param("libsql-remote", marks=pytest.mark.sqld),
     pytest.param("async-libsql-remote", marks=pytest.mark.sqld),
+    pytest.param("libsql-replica", marks=pytest.mark.sqld),
 ]
 
 
