@@ -231,7 +231,7 @@ def bare(conn: Any, name: str, *params: Any) -> Any:
 
 
 def bare_seen(conn: Any, eid: str, event_id: str) -> bool:
-    data, seen = bare(conn, "load_for_event", eid, event_id).fetchone()
+    data, _, seen = bare(conn, "load_for_event", eid, event_id).fetchone()
     return data is not None and bool(seen)
 
 

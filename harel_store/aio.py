@@ -55,7 +55,14 @@ from harel_store.models import (
     TraceStep,
     WorkAhead,
 )
-from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store, StoreStats, _wait_args
+from harel_store.store import (
+    DEFAULT_TRACE_MAX,
+    MAX_PAGE,
+    LibsqlStore,
+    Store,
+    StoreStats,
+    _wait_args,
+)
 from harel_store.wakeup import Waiter
 
 T = TypeVar("T")
@@ -443,6 +450,14 @@ class AsyncLibsqlStore:
     async def dead_letter(self, kind: str, key: int | tuple[str, str]) -> DeadLetter | None:
         """Async version of `LibsqlStore.dead_letter`."""
         return await self._run(self._s._dead_letter(kind, key))
+
+    async def discard_dead_letter(self, kind: str, key: int | tuple[str, str]) -> bool:
+        """Async version of `LibsqlStore.discard_dead_letter`."""
+        return await self._run(self._s._discard_dead_letter(kind, key))
+
+    async def discard_dead_letters(self, *, kind: str | None = None, limit: int = MAX_PAGE) -> int:
+        """Async version of `LibsqlStore.discard_dead_letters`."""
+        return await self._run(self._s._discard_dead_letters(kind=kind, limit=limit))
 
     async def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
         """Async version of `LibsqlStore.timers_of`."""

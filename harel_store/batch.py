@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import suppress
 from typing import Any, NamedTuple, TypeVar
 
-from harel_store.sql import QUERIES, Query
+from harel_store.sql import QUERIES, Query, RowError
 
 T = TypeVar("T")
 
@@ -108,8 +108,9 @@ Plan = Generator[Request, Any, T]
 
 def shape(query: Query, rows: list[tuple[Any, ...]], changed: int) -> Any:
     """A statement's result as its query's kind says (see the header of queries.sql), its
-    rows checked against the row the query declares: a row that does not fit raises
-    RowError naming the query, the column and the row's key."""
+    rows checked against the row the query declares: a row that does not fit, or no row
+    where one is due (``=``), raises RowError naming the query (and the column and the
+    row's key)."""
     kind = query.kind
     if kind == "!":
         return changed
@@ -117,6 +118,10 @@ def shape(query: Query, rows: list[tuple[Any, ...]], changed: int) -> Any:
         rows = query.check(rows)
     if kind == "^":
         return rows[0] if rows else None
+    if kind == "=":
+        if not rows:
+            raise RowError(f"the database returned no row of {query.name}, where one is due")
+        return rows[0]
     if kind == "$":
         return rows[0][0] if rows else None
     return rows

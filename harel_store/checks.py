@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from harel_store.errors import StoreError
+from harel_store.errors import CorruptRecord
 from harel_store.models import STATUSES, DefinitionRecord, Event, Execution
 
 MAX_ID_LENGTH = 512
@@ -261,7 +261,7 @@ def stored(what: str, parse: Callable[[str], _T], text: str) -> _T:
     try:
         return parse(text)
     except (ValueError, TypeError) as exc:  # ValidationError, JSONDecodeError are ValueErrors
-        raise StoreError(f"{what} has a corrupt stored record: {exc}") from exc
+        raise CorruptRecord(f"{what} has a corrupt stored record: {exc}") from exc
 
 
 ORDERS = ("id", "newest", "oldest")  # a listing's order: by id, or by (updated_at, id)

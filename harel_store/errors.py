@@ -25,6 +25,11 @@ class StoreConflict(StoreError):
         self.found = found
 
 
+class CorruptRecord(StoreError):
+    """A stored JSON column the store cannot read (edited by hand, say): the error names
+    its row."""
+
+
 class StoreBusy(StoreError):
     """The database stayed locked by another connection past the busy timeout; retry."""
 

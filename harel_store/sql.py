@@ -1,6 +1,6 @@
 """The SQL the store runs, read once from the package's ``sql/`` folder.
 
-``queries.sql`` holds named blocks (``-- name: load_execution$``); the suffix of a name says
+``queries.sql`` holds named blocks (``-- name: load_execution^``); the suffix of a name says
 what a call returns (see the file's header). Migrations are ``sql/migrations/NNNN_name.up.sql``
 and ``.down.sql``, run statement by statement inside the caller's transaction.
 """
@@ -26,7 +26,7 @@ def resource(name: str) -> Path:
 
 SQL_DIR = resource("sql")
 
-_NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^!]?)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^-- name: (?P<name>\w+)(?P<kind>[$^=!]?)\s*$", re.MULTILINE)
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
@@ -68,7 +68,7 @@ def _kind_of(value: Any) -> str:
 @dataclass(frozen=True)
 class Query:
     name: str
-    kind: str  # "" rows, "^" one row, "$" one value, "!" rowcount
+    kind: str  # "" rows, "^" one row or None, "=" exactly one row, "$" one value, "!" rowcount
     sql: str  # with plain `?` placeholders only
     order: tuple[int, ...] = ()  # for a block written with `?N`: the argument each `?` takes
     # The row it returns, declared by a `-- row: id text, fire_at real, at real?` line

@@ -47,7 +47,7 @@ from harel_store.checks import (
 from harel_store.connection import Connection, is_remote, open_libsql, open_sqlite
 from harel_store.connection.local import LocalConnection, Synchronous
 from harel_store.connection.revision import ensure_schema, revision
-from harel_store.errors import StoreConflict, StoreError
+from harel_store.errors import CorruptRecord, StoreConflict, StoreError
 from harel_store.models import (
     DEAD_KINDS,
     STATUSES,
@@ -101,6 +101,31 @@ def _limit(limit: object) -> int:
     if check_int(limit, "limit") < 1:
         raise ValueError(f"limit must be >= 1 (or None: all), not {limit}")
     return limit  # type: ignore[return-value]
+
+
+# A kind's statement that removes its dead letters, a page at a time.
+_DISCARD_ALL = {
+    "outbox": "discard_dead_outbox",
+    "spawn": "discard_dead_spawns",
+    "timer": "discard_dead_timers",
+}
+
+
+def _dead_key(
+    kind: str, key: object, outbox: str, spawn: str, timer: str
+) -> tuple[Any, ...] | None:
+    """The statement of ``kind`` (one of the three names) and its parameters for a dead
+    letter's ``key``: a seq (None when below 1: no row has one), or a timer's (execution_id,
+    path). ValueError/TypeError for a kind or a key that is none."""
+    if kind == "timer":
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise TypeError(f"a timer's key is (execution_id, path), not {key!r:.80}")
+        return timer, check_id(key[0], "execution_id"), check_id(key[1], "path")
+    if kind in ("outbox", "spawn"):
+        if check_int(key, "seq") < 1:  # no row has such a seq: below 1 are dead ones negated
+            return None
+        return (outbox if kind == "outbox" else spawn), key
+    raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)}, not {kind!r}")
 
 
 def _page(limit: object) -> int:
@@ -576,7 +601,7 @@ class Store:
             dumps(record.source, "definition source"),
             record.published_at,
         )
-        batch.add("load_definition", record.definition_id, record.version)
+        batch.add("stored_definition", record.definition_id, record.version)
         _, row = yield batch
         return self._definition(row)
 
@@ -721,11 +746,16 @@ class Store:
 
     # --- reads ---
 
-    def _execution(self, execution_id: str, data: str) -> Execution:
+    def _execution(self, execution_id: str, data: str, version: int) -> Execution:
+        """The stored record at its ``version`` column: the CAS compares the column, which a
+        foreign client may have moved without the JSON's copy (a load that took the JSON's
+        would conflict on every commit, and reload the same stale version, for ever)."""
         try:
             exe = Execution.model_validate_json(data)
+            if exe.version != version:
+                exe.version = version
         except ValidationError as exc:
-            raise StoreError(
+            raise CorruptRecord(
                 f"execution {execution_id!r} has a corrupt stored record: {exc}"
             ) from exc
         self._remember(exe)
@@ -737,8 +767,8 @@ class Store:
 
     def _load(self, execution_id: str) -> Plan[Execution | None]:
         check_id(execution_id, "execution_id")
-        data = yield statement("load_execution", execution_id)
-        return None if data is None else self._execution(execution_id, data)
+        row = yield statement("load_execution", execution_id)
+        return None if row is None else self._execution(execution_id, *row)
 
     def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
         """The execution and whether ``event_id`` was already processed, in one round trip."""
@@ -749,10 +779,10 @@ class Store:
     ) -> Plan[tuple[Execution | None, bool]]:
         check_id(execution_id, "execution_id")
         check_id(event_id, "event_id")
-        data, processed = yield statement("load_for_event", execution_id, event_id)
+        data, version, processed = yield statement("load_for_event", execution_id, event_id)
         if data is None:
             return None, False
-        return self._execution(execution_id, data), bool(processed)
+        return self._execution(execution_id, data, version), bool(processed)
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether the execution already handled the event ``event_id``."""
@@ -1106,7 +1136,10 @@ class Store:
         one read (of the primary on a replica)."""
         arg = json.dumps({execution_id: sorted(s) for execution_id, s in wanted.items()})
         rows = yield fresh("awaited", arg)
-        return {execution_id: self._execution(execution_id, data) for execution_id, data in rows}
+        return {
+            execution_id: self._execution(execution_id, data, version)
+            for execution_id, data, version in rows
+        }
 
     def ack(self, items: Iterable[RelayItem]) -> int:
         """Consume delivered items, any mix of `OutboxEntry`, `SpawnEntry` and `DueTimer`
@@ -1346,20 +1379,47 @@ class Store:
 
     @staticmethod
     def _dead_letter(kind: str, key: int | tuple[str, str]) -> Plan[DeadLetter | None]:
-        if kind == "timer":
-            if not (isinstance(key, tuple) and len(key) == 2):
-                raise TypeError(f"a timer's key is (execution_id, path), not {key!r:.80}")
-            found = yield statement(
-                "dead_timer", check_id(key[0], "execution_id"), check_id(key[1], "path")
-            )
-        elif kind in ("outbox", "spawn"):
-            name = "dead_outbox_entry" if kind == "outbox" else "dead_spawn"
-            if check_int(key, "seq") < 1:  # no row has such a seq: below 1 are dead ones negated
-                return None
-            found = yield statement(name, key)
-        else:
-            raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)}, not {kind!r}")
+        keyed = _dead_key(kind, key, "dead_outbox_entry", "dead_spawn", "dead_timer")
+        if keyed is None:
+            return None
+        found = yield statement(*keyed)
         return None if found is None else queues.dead_letter(found)
+
+    def discard_dead_letter(self, kind: str, key: int | tuple[str, str]) -> bool:
+        """Remove the dead letter of ``kind`` with ``key`` (as `dead_letter` names it),
+        whatever it holds: one whose stored event or context is corrupt (which `dead_letter`
+        and `dead_letters` cannot decode) included. True if there was one; a live row with
+        that key is left alone."""
+        return self._run(self._discard_dead_letter(kind, key))
+
+    @staticmethod
+    def _discard_dead_letter(kind: str, key: int | tuple[str, str]) -> Plan[bool]:
+        keyed = _dead_key(
+            kind, key, "discard_dead_outbox_entry", "discard_dead_spawn", "discard_dead_timer"
+        )
+        if keyed is None:
+            return False
+        batch = Batch()
+        batch.add(*keyed)
+        (removed,) = yield batch
+        return bool(removed)
+
+    def discard_dead_letters(self, *, kind: str | None = None, limit: int = MAX_PAGE) -> int:
+        """Remove up to ``limit`` (1..1000) dead letters of each ``kind`` (``"outbox"``,
+        ``"spawn"``, ``"timer"``; None: every kind), whatever they hold, corrupt ones
+        included (every one `stats` counts); return how many. Call again until 0."""
+        return self._run(self._discard_dead_letters(kind=kind, limit=limit))
+
+    @staticmethod
+    def _discard_dead_letters(*, kind: str | None = None, limit: int = MAX_PAGE) -> Plan[int]:
+        if kind is not None and kind not in DEAD_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)} or None, not {kind!r}")
+        rows = _page(limit)
+        batch = Batch()
+        for each, name in _DISCARD_ALL.items():
+            if kind in (None, each):
+                batch.add(name, rows)
+        return sum((yield batch))
 
     def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
         """The execution's armed timers as (path, fire_at), soonest first."""

@@ -1,6 +1,8 @@
 -- Every statement the store runs, as named blocks. The suffix of a name says what comes back:
 --   name    all rows (a list of tuples)
 --   name^   one row or None
+--   name=   exactly one row: a reply with none (a server or a proxy gone wrong) is a
+--           StoreError naming the query, as a row of the wrong shape is
 --   name$   the first column of one row, or None
 --   name!   nothing but the number of rows changed
 -- Parameters are positional (`?` or `?N`): the libsql driver takes no named parameters.
@@ -128,22 +130,28 @@ WHERE id = ?1 AND version = ?4 AND parent_id IS ?8;
 -- row: version int
 SELECT version FROM harel_executions WHERE id = ?;
 
--- name: load_execution$
--- row: data text
-SELECT data FROM harel_executions WHERE id = ?;
+-- name: load_execution^
+-- row: data text, version int
+-- The record and its version column: the CAS compares the column, so a load takes the
+-- version from it, not from the JSON (which a client that moved the column alone left
+-- behind; taking the JSON's would conflict on every commit, for ever). No id column: each
+-- cell costs the hot path (a row that does not fit is named by its JSON's start).
+SELECT data, version FROM harel_executions WHERE id = ?;
 
--- name: load_for_event^
--- row: data text?, processed int
--- The worker's per-event pair in one round trip: the execution and its dedupe marker.
-SELECT (SELECT data FROM harel_executions WHERE id = ?1),
-       EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2);
+-- name: load_for_event=
+-- row: data text?, version int?, processed int
+-- The worker's per-event pair in one round trip: the execution (as load_execution reads it;
+-- NULLs when there is none) and its dedupe marker. Always one row.
+SELECT e.data, e.version,
+       EXISTS (SELECT 1 FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2)
+FROM (SELECT 1) LEFT JOIN harel_executions AS e ON e.id = ?1;
 
 -- name: awaited
--- row: id text, data text
+-- row: id text, data text, version int
 -- What the wait_for calls of a store wait on, read at once: of the executions in ?1, a JSON
 -- object of id -> [status, ...], those now at one of their statuses, with their record.
 -- One primary-key lookup a waited execution.
-SELECT e.id, e.data FROM json_each(?1) AS w
+SELECT e.id, e.data, e.version FROM json_each(?1) AS w
 JOIN harel_executions AS e ON e.id = w.key
 WHERE e.status IN (SELECT value FROM json_each(w.value));
 
@@ -687,7 +695,7 @@ UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(
 WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
--- name: work_ahead^
+-- name: work_ahead=
 -- row: outbox int, spawns int, timers int, next_timer_at real?
 -- What a relay could claim at ?1 (the caller's clock, as claim_due_timers takes it), without
 -- claiming it: whether an outbox entry, a spawn and a timer due at ?1 are claimable (live,
@@ -966,6 +974,13 @@ VALUES (?, ?, ?, ?, ?);
 SELECT definition_id, version, digest, source, published_at
 FROM harel_definitions WHERE definition_id = ? AND version = ?;
 
+-- name: stored_definition=
+-- row: definition_id text, version int, digest text, source text, published_at real?
+-- load_definition after publish_definition in the same batch: the row it stored, or the
+-- one stored first, is due.
+SELECT definition_id, version, digest, source, published_at
+FROM harel_definitions WHERE definition_id = ? AND version = ?;
+
 -- Operator queries (harel-store CLI)
 
 -- name: schema_tables
@@ -1003,7 +1018,7 @@ SELECT type, name, sql FROM sqlite_master WHERE type IN ('view', 'trigger') ORDE
 -- A row whose summary is NULL (its JSON was corrupt when 0002 backfilled it) counts as unknown.
 SELECT COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 1 ORDER BY 1;
 
--- name: pending_counts^
+-- name: pending_counts=
 -- row: outbox int, spawns int, due int, later int, oldest_outbox real?, held_outbox int, held_spawns int, held_timers int, oldest_spawn real?, soonest real?, now real, dead_outbox int, dead_spawns int, dead_timers int
 -- Pending (live) outbox entries and spawns, live timers due at ?1 and later than it, when the
 -- oldest pending outbox entry was written (unknown before outbox rows carried created_at),
@@ -1048,6 +1063,34 @@ FROM harel_spawns WHERE seq = -?1;
 -- row: kind text, dead_at real?, attempts int, last_error text?, seq int?, a text?, b text, c any, d text?
 SELECT 'timer', dead_at, attempts, last_error, NULL, execution_id, path, fire_at, NULL
 FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
+
+-- One dead letter removed by its key, whatever it holds (an event or a context that no
+-- longer decodes included); a live row with that key is left alone: discard by key.
+
+-- name: discard_dead_outbox_entry!
+DELETE FROM harel_outbox WHERE seq = -?1;
+
+-- name: discard_dead_spawn!
+DELETE FROM harel_spawns WHERE seq = -?1;
+
+-- name: discard_dead_timer!
+DELETE FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
+
+-- Up to ?1 dead letters of one kind, whatever they hold: each the rows pending_counts counts
+-- as dead (an outbox entry's or a spawn's seq below 0, from -1 down: the primary key; a
+-- timer's dead_at set: its dead index). discard --all, a page at a time.
+
+-- name: discard_dead_outbox!
+DELETE FROM harel_outbox
+WHERE seq IN (SELECT seq FROM harel_outbox WHERE seq < 0 ORDER BY seq DESC LIMIT ?1);
+
+-- name: discard_dead_spawns!
+DELETE FROM harel_spawns
+WHERE seq IN (SELECT seq FROM harel_spawns WHERE seq < 0 ORDER BY seq DESC LIMIT ?1);
+
+-- name: discard_dead_timers!
+DELETE FROM harel_timers WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM harel_timers WHERE dead_at IS NOT NULL LIMIT ?1);
 
 -- name: timers_of
 -- row: path text, fire_at real

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harel_store import Event, Execution, LibsqlStore
+from harel_store import Event, Execution, LibsqlStore, StoreError
 from harel_store.cli.output import when
 from tests.conftest import reset_remote
 from tests.helpers import raw
@@ -417,3 +417,71 @@ def test_dead_revive_discard_and_status_on_a_remote_database(sqld: SqldServer) -
         assert store.dead_letters() == [] and store.pending_spawns() == []
         assert [e.seq for e in store.pending_outbox()] == [1]
         assert [t[1] for t in store.due_timers(time.time())] == ["placed.late"]
+
+
+def _corrupt_dead(database: str) -> None:
+    """The dead outbox entry's event and the dead spawn's context, garbled on disk (through
+    the store's own connection: one SQLite library on the file)."""
+    with LibsqlStore(database) as store:
+        conn = raw(store)
+        conn.execute("UPDATE harel_outbox SET event = '{broken' WHERE seq = -1")
+        conn.execute("UPDATE harel_spawns SET context = '[1' WHERE seq = -1")
+        conn.commit()
+
+
+def _dead_counts(database: str) -> tuple[int, int, int]:
+    with LibsqlStore(database) as store:
+        stats = store.stats(0.0)
+        return stats.dead_outbox, stats.dead_spawns, stats.dead_timers
+
+
+def test_a_corrupt_dead_letter_is_discarded_by_key(db: str) -> None:
+    _corrupt_dead(db)
+    result = cli("discard", "--outbox", "1", "--spawn", "1", "--json", "--url", db)
+    assert json.loads(ok(result)) == {"discarded": 2, "missing": []}
+    assert _dead_counts(db) == (0, 0, 1)
+    with LibsqlStore(db) as store:  # the live entry left alone
+        assert [e.seq for e in store.pending_outbox()] == [2]
+
+
+def test_discard_all_removes_every_dead_letter_status_counts(db: str) -> None:
+    _corrupt_dead(db)
+    assert _dead_counts(db) == (1, 1, 1)
+    dry = cli("discard", "--all", "all", "--dry-run", "--url", db)
+    assert dry.returncode == 0 and "would discard 3" in dry.stderr
+    assert ok(cli("discard", "--all", "all", "--url", db)) == "discarded 3\n"
+    assert _dead_counts(db) == (0, 0, 0)
+
+
+def test_a_corrupt_dead_letter_is_not_revived_and_named(db: str) -> None:
+    _corrupt_dead(db)
+    result = cli("revive", "--outbox", "1", "--timer", "order-1", "placed.late", "--url", db)
+    assert result.returncode == 1 and result.stdout == "revived 1\n"
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("harel-store: not revived: outbox 1 (outbox entry 1 has a corrupt")
+    assert line.endswith("discard it: harel-store discard --outbox 1")
+    assert _dead_counts(db) == (1, 1, 0)
+    result = cli("revive", "--all", "all", "--url", db)
+    assert result.returncode == 1 and result.stdout == "revived 0\n"
+    # (the store's log names each corrupt row it skipped, above the summary)
+    assert result.stderr.splitlines()[-1] == (
+        "harel-store: not revived: 2 dead letters with a corrupt stored record "
+        "(discard them: harel-store discard --all all)"
+    )
+    assert _dead_counts(db) == (1, 1, 0)
+
+
+def test_the_api_discards_a_corrupt_dead_letter_by_key_and_all(db: str) -> None:
+    _corrupt_dead(db)
+    with LibsqlStore(db) as store:
+        with pytest.raises(StoreError, match="outbox entry 1 has a corrupt stored record"):
+            store.dead_letter("outbox", 1)
+        assert store.discard_dead_letter("outbox", 1) is True
+        assert store.discard_dead_letter("outbox", 1) is False
+        assert store.discard_dead_letter("outbox", 2) is False  # live: left alone
+        assert store.discard_dead_letters(kind="timer") == 1
+        assert store.discard_dead_letters(limit=1) == 1  # the corrupt spawn
+        assert store.discard_dead_letters() == 0
+        stats = store.stats(0.0)
+        assert (stats.dead_outbox, stats.dead_spawns, stats.dead_timers) == (0, 0, 0)
+        assert [e.seq for e in store.pending_outbox()] == [2]

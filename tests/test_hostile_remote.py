@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from harel_store import (
+    DefinitionRecord,
     Event,
     Execution,
     LibsqlStore,
@@ -239,3 +240,40 @@ def test_close_while_a_read_waits_for_its_second_try(server: SqldServer) -> None
         thread.join(5)
         assert len(outcome) == 1
         assert type(outcome[0]) is StoreError and "is closed" in str(outcome[0])
+
+
+def _no_rows(result: dict[str, Any]) -> None:
+    """Every row of a reply's statements (a batch's steps included) taken away."""
+    inner = result["response"]["result"]
+    for step in inner.get("step_results") or [inner]:
+        if step is not None:
+            step["rows"] = []
+
+
+@pytest.mark.parametrize(
+    ("query", "call"),
+    [
+        ("load_for_event", lambda s: s.load_for_event("r", "ev")),
+        ("pending_counts", lambda s: s.stats(0.0)),
+        ("work_ahead", lambda s: s.peek_work(0.0)),
+    ],
+    ids=["load_for_event", "pending_counts", "work_ahead"],
+)
+def test_a_read_with_no_row_where_one_is_due_names_its_query(
+    store: LibsqlStore, bent: Bent, server: SqldServer, query: str, call: Callable[[Any], Any]
+) -> None:
+    store.save(Execution(id="r", definition_id="d"))
+    bent.bend = first_result(_no_rows)
+    error = raises_cleanly(lambda: call(store), StoreError, server.token)
+    assert f"no row of {query}, where one is due" in str(error)
+
+
+def test_a_publish_answered_with_no_row_is_an_unknown_outcome_naming_its_query(
+    store: LibsqlStore, bent: Bent, server: SqldServer
+) -> None:
+    record = DefinitionRecord(definition_id="d", version=1, digest="x", source={"a": 1})
+    bent.bend = first_result(_no_rows)
+    error = raises_cleanly(lambda: store.publish_definition(record), OutcomeUnknown, server.token)
+    assert "no row of stored_definition, where one is due" in str(error)
+    bent.bend = None
+    assert store.publish_definition(record) == store.load_definition("d", 1)  # it had landed

@@ -37,6 +37,7 @@ HOT = {
     "release_outbox", "release_spawns", "release_timer", "attempts_of", "note_marker",
     "finished_trees", "forget_markers", "renew_markers_since", "purge_dead_outbox",
     "purge_dead_spawns", "purge_dead_timers", "purge_children_left", "orphan_trees",
+    "stored_definition",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
 # and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it

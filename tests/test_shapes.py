@@ -19,9 +19,11 @@ from harel_store import (
     LibsqlStore,
     OutcomeUnknown,
     SqliteStore,
+    StoreConflict,
     StoreError,
     TimerOp,
 )
+from harel_store.connection import LocalConnection
 from harel_store.sql import QUERIES, RowError
 from tests.helpers import raw
 from tests.test_cli import cli, failed
@@ -236,3 +238,50 @@ def test_remote_commit_seqs_of_the_wrong_type(
     with pytest.raises(OutcomeUnknown, match="seq"):
         store.commit(exe, [("x", Event(name="go"))])
     assert exe.version == 1
+
+
+# -- issue 35, class 13: the version column is the CAS's truth ----------------------------
+
+VERSION_KINDS = [
+    "libsql-memory",
+    "libsql-file",
+    "sqlite-file",
+    "async-libsql-file",
+    pytest.param("libsql-remote", marks=pytest.mark.sqld),
+    pytest.param("async-libsql-remote", marks=pytest.mark.sqld),
+    pytest.param("libsql-replica", marks=pytest.mark.sqld),
+]
+
+
+def _bump_version_column(s: Any, execution_id: str) -> None:
+    """A foreign client's UPDATE of the version column alone (the JSON keeps its version):
+    through the store's own connection on a local database, the test's own on a server."""
+    conn = raw(s)
+    conn.execute("UPDATE harel_executions SET version = version + 1 WHERE id = ?", (execution_id,))
+    conn.commit()
+    inner = s.sync_store if hasattr(s, "sync_store") else s
+    if not isinstance(inner._conn, LocalConnection):  # a connection of the test's own
+        conn.close()
+
+
+@pytest.mark.parametrize("kind", VERSION_KINDS)
+def test_a_load_takes_the_version_column_so_a_moved_row_is_not_frozen(
+    kind: str, open_store: Callable[[], Any]
+) -> None:
+    s = open_store()
+    exe = Execution(id="v", definition_id="d")
+    s.save(exe)
+    _bump_version_column(s, "v")
+    with pytest.raises(StoreConflict) as info:
+        s.commit(exe, [])
+    assert info.value.found == 2
+    loaded = s.load("v")
+    assert loaded is not None and loaded.version == 2
+    s.commit(loaded, [(None, Event(name="go"))])
+    assert loaded.version == 3
+    _bump_version_column(s, "v")
+    again, seen = s.load_for_event("v", "in-1")
+    assert again is not None and again.version == 4 and not seen
+    s.commit(again, [], "in-1")
+    assert s.load_for_event("v", "in-1")[0].version == 5
+    assert [e.version for e in s.list_executions().items] == [5]

@@ -13,6 +13,7 @@ from typing import Any
 
 from harel_store.cli.common import Command, add_json, limit, open_store
 from harel_store.cli.output import PROG, colour_on, plain, table, to_json, when
+from harel_store.errors import CorruptRecord
 from harel_store.models import (
     DEAD_KINDS,
     DeadLetter,
@@ -122,8 +123,8 @@ def _key_text(key: Key) -> str:
 
 
 def _all(store: Store, deal: Callable[[list[RelayItem]], int], kind: str | None) -> int:
-    """Deal with every dead letter of ``kind`` (None: any), a page at a time: a page dealt
-    with is no longer dead, so the next read starts past it."""
+    """Deal with every dead letter of ``kind`` (None: any) that decodes, a page at a time:
+    a page dealt with is no longer dead, so the next read starts past it."""
     count = 0
     while page := store.dead_letters(kind=kind, limit=MAX_PAGE):
         dealt = deal([d.item for d in page])
@@ -133,9 +134,29 @@ def _all(store: Store, deal: Callable[[list[RelayItem]], int], kind: str | None)
     return count
 
 
+def _discard_all(store: Store, kind: str | None) -> int:
+    """Remove every dead letter of ``kind`` (None: any), corrupt ones included, a page at a
+    time (each removed one is gone, so the next page starts past it)."""
+    count = 0
+    while removed := store.discard_dead_letters(kind=kind, limit=MAX_PAGE):
+        count += removed
+    return count
+
+
+def _dead_count(store: Store, kind: str | None) -> int:
+    counts = dead_counts(store.stats(0.0))
+    return sum(counts.values()) if kind is None else counts[kind]
+
+
+def _one_line(text: str) -> str:
+    return plain(" ".join(text.split()))[:300]
+
+
 def act(args: argparse.Namespace, revive: bool) -> int:
     """``revive`` and ``discard``: by key (exit 1 when a key names no dead letter; the
-    others are dealt with) or ``--all KIND``."""
+    others are dealt with) or ``--all KIND``. A dead letter whose stored event or context
+    no longer decodes is discarded like any other, and never revived (a relay could not
+    deliver it): it is named, and the exit code is 1."""
     verb, done = ("revive", "revived") if revive else ("discard", "discarded")
     keys = _keys(args)
     if not keys and args.all is None:  # ValueError: a usage error, exit 2
@@ -148,31 +169,61 @@ def act(args: argparse.Namespace, revive: bool) -> int:
     kind = None if args.all == "all" else args.all
     letters: list[DeadLetter] = []
     missing: list[Key] = []
+    corrupt: dict[Key, str] = {}  # a dead letter by key that does not decode: why
+    left = 0  # revive --all: the dead letters it could not decode, left dead
     with open_store(args) as store:
-        deal = store.revive if revive else store.ack
-        if keys:
-            found = {key: store.dead_letter(*key) for key in keys}
+        if keys and (revive or args.dry_run):
+            found: dict[Key, DeadLetter | None] = {}
+            for key in keys:
+                try:
+                    found[key] = store.dead_letter(*key)
+                except CorruptRecord as exc:
+                    corrupt[key] = _one_line(str(exc))
             letters = [d for d in found.values() if d is not None]
             missing = [key for key, d in found.items() if d is None]
-            count = len(letters) if args.dry_run else deal([d.item for d in letters])
+            if args.dry_run:
+                count = len(letters) + (0 if revive else len(corrupt))
+            else:
+                count = store.revive([d.item for d in letters])
+        elif keys:
+            removed = {key: store.discard_dead_letter(*key) for key in keys}
+            missing = [key for key, gone in removed.items() if not gone]
+            count = len(keys) - len(missing)
         elif args.dry_run:
             letters = store.dead_letters(kind=kind, limit=SHOWN)
-            counts = dead_counts(store.stats(0.0))
-            count = sum(counts.values()) if kind is None else counts[kind]
+            count = _dead_count(store, kind)
+        elif revive:
+            count = _all(store, store.revive, kind)
+            left = _dead_count(store, kind)
         else:
-            count = _all(store, deal, kind)
+            count = _discard_all(store, kind)
     for key in missing:
         print(f"{PROG}: not a dead letter: {_key_text(key)}", file=sys.stderr)
+    for key, why in corrupt.items():
+        if revive:
+            hint = f"discard it: {PROG} discard --{_key_text(key)}"
+            print(f"{PROG}: not revived: {_key_text(key)} ({why}); {hint}", file=sys.stderr)
+        else:
+            print(f"{PROG}: {_key_text(key)}: {why}", file=sys.stderr)
+    if left:
+        print(
+            f"{PROG}: not revived: {left} dead letter{'s' if left > 1 else ''} with a corrupt "
+            f"stored record (discard them: {PROG} discard --all {args.all})",
+            file=sys.stderr,
+        )
     if args.dry_run:
         listed(args, letters, COLUMNS, rows(letters), f"dead letters to {verb}", None)
         first = f" (the first {len(letters)} listed)" if len(letters) < count else ""
         print(f"{PROG}: dry run: would {verb} {count}{first}; nothing changed", file=sys.stderr)
     elif args.json:
         gone = [{"kind": what, "key": key} for what, key in missing]
-        print(to_json({done: count, "missing": gone}))
+        answer: dict[str, Any] = {done: count, "missing": gone}
+        if revive:
+            answer["corrupt"] = [{"kind": what, "key": key} for what, key in corrupt]
+        print(to_json(answer))
     else:
         print(f"{done} {count}")
-    return 1 if missing else 0
+    return 1 if missing or (revive and (corrupt or left)) else 0
 
 
 def configure_listing(parser: argparse.ArgumentParser) -> None:
