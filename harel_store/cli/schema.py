@@ -249,6 +249,8 @@ COMMANDS = [
         "upgrade (or downgrade) the schema with the packaged Alembic migrations",
         f"""--sql reads the database's revision (never writing it; a missing file is at base)
 and prints the script from there to --to: an upgrade, or a downgrade to an older one.
+Against a server the run may take --timeout ($HAREL_TIMEOUT, else 30s): at the deadline
+one line on stderr, nothing of it committed, and the process is killed (exit status 137).
 
 examples:
   {PROG} migrate                             # to head
