@@ -4,7 +4,8 @@ for reading only and work; the others, and the library, say precisely what stops
 A 0444 file in a 0555 directory stands in for read-only media. These sessions run as root,
 whom modes do not stop, and the interpreter lives where user nobody may not read it; so the
 CLI runs as this user without the capabilities that bypass file modes (CAP_DAC_OVERRIDE,
-CAP_DAC_READ_SEARCH: dropped from its bounding set before it starts)."""
+CAP_DAC_READ_SEARCH: dropped from its bounding set before it starts). Where a private mount
+namespace can be had, a real read-only file system too (a read-only bind mount)."""
 
 from __future__ import annotations
 
@@ -202,3 +203,39 @@ def test_writing_where_it_cannot_says_why(
     result = unprivileged(sys.executable, "-c", code)
     assert (result.returncode, result.stdout, result.stderr) == (0, f"{expected}\n", "")
     assert digest(media)["state.db"] == before["state.db"]  # (SQLite may add its -shm)
+
+
+def on_read_only_mount(source: Path, mount: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in a mount namespace of its own where ``mount`` is ``source`` mounted
+    read-only (a real read-only file system, seen by that process alone)."""
+    script = 'mount --bind "$1" "$2" && mount -o remount,ro,bind "$2" && shift 2 && exec "$@"'
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    command = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+    return subprocess.run(
+        [*command, str(source), str(mount), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_a_read_only_file_system(tmp_path: Path) -> None:
+    source, mount = tmp_path / "source", tmp_path / "mount"
+    source.mkdir()
+    mount.mkdir()
+    if shutil.which("unshare") is None or on_read_only_mount(source, mount, "true").returncode:
+        pytest.skip("no private read-only mount here (unshare -m and mount need privileges)")
+    seed(source / "state.db").close()
+    db = str(mount / "state.db")
+    for args in READS:
+        result = on_read_only_mount(source, mount, str(CLI), *args, "--url", db)
+        assert result.returncode == 0, (args, result.stderr)
+    shown = on_read_only_mount(source, mount, str(CLI), "show", "order-1", "--url", db)
+    assert "order-1" in shown.stdout
+    result = on_read_only_mount(source, mount, str(CLI), "purge", "order-1", "--url", db)
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"harel-store: error: cannot open {db}: it is on a read-only file system\n",
+    )
+    assert sorted(os.listdir(source)) == ["state.db"]
