@@ -88,7 +88,7 @@ def driver_failure(exc: BaseException, where: str, *, local: bool, secrets: tupl
     busy database), and a local file that cannot be opened as the CLI says it (``cannot open
     WHERE: why``); never a secret."""
     text = str(translate(exc, secrets, quoted=where if local else ""))
-    why = why_not(text) if local else text
+    why = why_not(text, where) if local else text
     return text if why == text else f"cannot open {where}: {why}"
 
 

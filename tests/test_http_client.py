@@ -4,6 +4,7 @@ servers on 127.0.0.1 written here (one thread per connection), and against the r
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import socket
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import trustme
 
+from harel_store import AsyncLibsqlStore, Execution, LibsqlStore, StoreError
 from harel_store.connection.http import (
     AsyncClient,
     BadResponse,
@@ -26,6 +28,7 @@ from harel_store.connection.http import (
     Response,
     TimedOut,
 )
+from tests.connect_proxy import ConnectProxy
 from tests.sqld import SqldServer
 
 PATH = "/v3/pipeline"
@@ -655,3 +658,245 @@ def test_a_slow_resolver_is_bounded_by_the_timeout(
     finally:
         release.set()
         client.close()
+
+
+# --- proxies in the environment ---
+
+PROXY_VARIABLES = ["http_proxy", "https_proxy", "all_proxy", "no_proxy", "REQUEST_METHOD"]
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No proxy variable set but those the test sets."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_http_proxy_tunnels_every_connection_with_its_credentials(
+    mode: str, serve: Callable[..., Server], proxy_env: pytest.MonkeyPatch
+) -> None:
+    """The origin's name resolves nowhere: only a proxy can reach it (this one tunnels to
+    the server whatever it is asked for)."""
+    server = serve(answering(echo))
+    with ConnectProxy(server.port, credentials="op:p@ss w:rd") as proxy:
+        proxy_env.setenv("HTTP_PROXY", proxy.url("op:p%40ss%20w%3Ard"))
+        origin = f"http://db.example.invalid:{server.port}"
+        answers = run(mode, origin, [b"1", b"2"], headers={"Authorization": "Bearer TOKEN"})
+        assert [r.body for r in answers] == [b"1", b"2"]
+        (connect,) = proxy.connects  # one tunnel, kept alive
+        secret = base64.b64encode(b"op:p@ss w:rd").decode()
+        assert connect.split("\r\n") == [
+            f"CONNECT db.example.invalid:{server.port} HTTP/1.1",
+            f"Host: db.example.invalid:{server.port}",
+            f"Proxy-Authorization: Basic {secret}",
+        ]  # the token goes through the tunnel only
+        assert f"Host: db.example.invalid:{server.port}" in server.heads[0]
+        assert "Proxy-Authorization" not in server.heads[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_https_through_the_proxy_verifies_the_origin(
+    mode: str, ca: trustme.CA, serve: Callable[..., Server], proxy_env: pytest.MonkeyPatch
+) -> None:
+    server = serve(answering(echo), tls=tls_server_context(ca))
+    trust = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca.configure_trust(trust)
+    with ConnectProxy(server.port) as proxy:
+        proxy_env.setenv("https_proxy", proxy.url())
+        proxy_env.setenv("HTTP_PROXY", "http://127.0.0.1:1")  # not for https
+        answers = run(mode, f"https://localhost:{server.port}", [b"1"], ssl_context=trust)
+        assert [r.body for r in answers] == [b"1"]
+        assert [c.split("\r\n")[0] for c in proxy.connects] == [
+            f"CONNECT localhost:{server.port} HTTP/1.1"
+        ]
+        untrusting = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            run(mode, f"https://localhost:{server.port}", [b"1"], ssl_context=untrusting)
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "proxied"),
+    [
+        ("", True),
+        ("*", False),
+        ("example.invalid", False),
+        (".example.invalid", False),
+        ("*.example.invalid", False),
+        ("other.test, db.example.invalid", False),
+        ("db.example.invalid:{port}", False),
+        ("DB.Example.Invalid", False),
+        ("example.invalid:1", True),
+        ("ample.invalid", True),
+        ("db.example.invalid.other", True),
+        ("127.0.0.1", True),
+    ],
+)
+def test_no_proxy_names(
+    no_proxy: str, proxied: bool, serve: Callable[..., Server], proxy_env: pytest.MonkeyPatch
+) -> None:
+    """A name NO_PROXY exempts is resolved here, and resolves nowhere."""
+    server = serve(answering(echo))
+    with ConnectProxy(server.port) as proxy:
+        proxy_env.setenv("http_proxy", proxy.url())
+        proxy_env.setenv("NO_PROXY", no_proxy.format(port=server.port))
+        origin = f"http://db.example.invalid:{server.port}"
+        if proxied:
+            assert [r.body for r in run("sync", origin, [b"1"])] == [b"1"]
+        else:
+            with pytest.raises(ConnectFailed, match="cannot resolve the host name"):
+                run("sync", origin, [b"1"])
+        assert len(proxy.connects) == proxied
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "proxied"),
+    [("127.0.0.1", False), ("127.0.0.0/8", False), ("10.0.0.0/8,::1", True), ("*", False)],
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_no_proxy_addresses(
+    mode: str,
+    no_proxy: str,
+    proxied: bool,
+    serve: Callable[..., Server],
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    server = serve(answering(echo))
+    with ConnectProxy(server.port) as proxy:
+        proxy_env.setenv("ALL_PROXY", proxy.url())
+        proxy_env.setenv("no_proxy", no_proxy)
+        assert [r.body for r in run(mode, server.origin, [b"1"])] == [b"1"]
+        assert len(proxy.connects) == proxied
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_proxy_refusing_the_tunnel_is_named_without_its_credentials(
+    mode: str, serve: Callable[..., Server], proxy_env: pytest.MonkeyPatch
+) -> None:
+    server = serve(answering(echo))
+    with ConnectProxy(server.port, credentials="op:right") as proxy:
+        for given in ["op:wrong-pw", ""]:
+            proxy_env.setenv("HTTP_PROXY", proxy.url(given))
+            with pytest.raises(ConnectFailed) as info:
+                run(mode, server.origin, [b"1"])
+            assert str(info.value) == (
+                f"the proxy http://127.0.0.1:{proxy.port} refused the tunnel: 407 Proxy"
+                " Authentication Required (its credentials, in the proxy URL, are missing or"
+                " wrong)"
+            )
+            assert info.value.sent is False
+    assert server.accepted == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_silent_proxy_is_bounded_by_the_timeout(
+    mode: str, serve: Callable[..., Server], proxy_env: pytest.MonkeyPatch
+) -> None:
+    server = serve(answering(echo))
+    with ConnectProxy(server.port, silent=True) as proxy:
+        proxy_env.setenv("HTTP_PROXY", proxy.url())
+        with pytest.raises(TimedOut, match=r"timed out after 0\.3 s") as info:
+            run(mode, server.origin, [b"1"], timeout=0.3)
+        assert info.value.sent is False
+        assert len(proxy.connects) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("proxy", "problem"),
+    [
+        ("socks5://127.0.0.1:1080", "the proxy socks5://127.0.0.1:1080 is not http://host[:port]"),
+        ("http://u:pw@127.0.0.1:1/x", "the proxy http://127.0.0.1:1 has a path, query or fragment"),
+        ("http://127.0.0.1:99999", "the proxy http://127.0.0.1:99999 is not http://host[:port]"),
+    ],
+)
+def test_a_proxy_this_client_cannot_use_is_refused_at_connect(
+    mode: str, proxy: str, problem: str, proxy_env: pytest.MonkeyPatch
+) -> None:
+    proxy_env.setenv("HTTP_PROXY", proxy)
+    with pytest.raises(ConnectFailed) as info:
+        run(mode, "http://127.0.0.1:9", [b"1"])
+    assert str(info.value) == problem
+
+
+def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while not check() and time.monotonic() < end:
+        time.sleep(0.02)
+    return check()
+
+
+@pytest.mark.sqld
+def test_a_store_commits_and_listens_through_the_proxy(
+    server: SqldServer, proxy_env: pytest.MonkeyPatch
+) -> None:
+    """The store's requests, sync and async, its change notifications stream (what relays
+    and wait_for listen to) and a bare `Client.stream` of sqld's events all go through the
+    proxy of HTTP_PROXY; NO_PROXY=127.0.0.1 then bypasses it."""
+    with ConnectProxy(server.port or 0, credentials="op:pw") as proxy:
+        proxy_env.setenv("HTTP_PROXY", proxy.url("op:pw"))
+        headers = {"Authorization": f"Bearer {server.token}"}
+        listen = Client(server.url, headers=headers, timeout=10, ssl_context=None)
+        stream = listen.stream("/beta/listen?table=harel_executions")
+        assert stream.status == 200
+        with LibsqlStore(server.url, auth_token=server.token) as store:
+            exe = Execution(id="proxied-1", definition_id="d")
+            store.save(exe)
+            received = b""
+            while b"changes" not in received:
+                received += stream.read(10)  # the save's event, through the tunnel
+            stream.close()
+            listen.close()
+
+            def finish() -> None:
+                time.sleep(0.3)
+                exe.status = "finished"
+                store.commit(exe, [])
+
+            thread = threading.Thread(target=finish)
+            thread.start()
+            assert store.wait_for("proxied-1", timeout=20).status == "finished"
+            thread.join()
+            assert eventually(
+                lambda: any(
+                    line.startswith(b"GET /beta/listen?table=harel_executions")
+                    for line in proxy.first_lines
+                )
+            )
+
+        async def main() -> Execution | None:
+            store = await AsyncLibsqlStore.create(server.url, auth_token=server.token)
+            async with store:
+                await store.save(Execution(id="proxied-2", definition_id="d"))
+                return await store.load("proxied-2")
+
+        loaded = asyncio.run(main())
+        assert loaded is not None and loaded.version == 1
+        assert sum(line.startswith(b"POST /v3/pipeline") for line in proxy.first_lines) >= 2
+        assert all(f"127.0.0.1:{server.port}" in c.split("\r\n")[0] for c in proxy.connects)
+
+        proxy_env.setenv("NO_PROXY", "127.0.0.1")
+        tunnels = len(proxy.connects)
+        with LibsqlStore(server.url, auth_token=server.token) as store:
+            store.save(Execution(id="direct-1", definition_id="d"))
+            assert store.wait_for("direct-1", status="running", timeout=5).version == 1
+        assert len(proxy.connects) == tunnels
+
+
+@pytest.mark.sqld
+def test_a_store_behind_a_refusing_proxy_says_so_without_secrets(
+    server: SqldServer, proxy_env: pytest.MonkeyPatch
+) -> None:
+    with ConnectProxy(server.port or 0, credentials="op:right-pw") as proxy:
+        proxy_env.setenv("http_proxy", proxy.url("op:wrong-pw"))
+        with pytest.raises(StoreError) as info:
+            LibsqlStore(server.url, auth_token=server.token)
+    message = str(info.value)
+    assert message == (
+        f"cannot reach {server.url}: the proxy http://127.0.0.1:{proxy.port} refused the"
+        " tunnel: 407 Proxy Authentication Required (its credentials, in the proxy URL, are"
+        " missing or wrong)"
+    )
+    assert "wrong-pw" not in repr(info.value) and server.token not in repr(info.value)

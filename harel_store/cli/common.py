@@ -15,11 +15,12 @@ from typing import NamedTuple
 from harel_store.batch import drive
 from harel_store.cli.output import PROG, Failure
 from harel_store.connection import Connection, open_libsql, parse_database, show
+from harel_store.connection.local import open_reader
 from harel_store.connection.revision import revision
 from harel_store.connection.url import token_from_env
 from harel_store.migrate import database_from_env
 from harel_store.models import Execution
-from harel_store.store import LibsqlStore, Store
+from harel_store.store import LibsqlStore, Store, checked
 
 MAX_SPAN = 100 * 365 * 86400.0  # seconds: any longer duration is a typo
 
@@ -52,18 +53,28 @@ def require_local(database: str, sync_url: str | None) -> None:
         raise Failure(f"{show(database)} does not exist: create it with `{PROG} migrate --url ...`")
 
 
-def open_store(args: argparse.Namespace) -> LibsqlStore:
-    """The store, checked (never migrated): a schema behind head is a one-line failure."""
+def open_store(args: argparse.Namespace, *, read_only: bool = False) -> Store:
+    """The store, checked (never migrated): a schema behind head is a one-line failure.
+    ``read_only`` (the commands that only read): a local file is opened for reading only,
+    so read-only media do (see `open_reader`)."""
     where = database(args)
     require_local(where, args.sync_url)
+    local = parse_database(where).local
+    if read_only and args.sync_url is None and local not in (None, ":memory:"):
+        return Store(checked(open_reader(local), migrate=False))
     return LibsqlStore(where, auth_token=token_from_env(), sync_url=args.sync_url, migrate=False)
 
 
 @contextmanager
-def connection(database: str) -> Iterator[Connection]:
+def connection(database: str, *, read_only: bool = False) -> Iterator[Connection]:
     """The database through the store's connection layer, whatever its schema (a replica's
-    primary is reached by its own URL: migrate and schema act there)."""
-    conn = open_libsql(database, auth_token=token_from_env())
+    primary is reached by its own URL: migrate and schema act there); ``read_only``: a local
+    file for reading only (`open_reader`)."""
+    local = parse_database(database).local
+    if read_only and local not in (None, ":memory:"):
+        conn: Connection = open_reader(local)
+    else:
+        conn = open_libsql(database, auth_token=token_from_env())
     try:
         yield conn
     finally:

@@ -102,7 +102,7 @@ def rows(letters: Sequence[DeadLetter]) -> list[list[str]]:
 def listing(args: argparse.Namespace, kind: str | None) -> int:
     """``dead``, and ``outbox|spawns|timers --dead``: the dead letters of ``kind`` (None:
     every kind)."""
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         letters = store.dead_letters(kind=kind, limit=args.limit)
     what = "dead letters" if kind is None else f"dead letters of kind {kind}"
     listed(args, letters, COLUMNS, rows(letters), what, args.limit)

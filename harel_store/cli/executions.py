@@ -50,7 +50,7 @@ def ls(args: argparse.Namespace) -> int:
     widths: list[int] | None = None
     shown = 0
     cursor = None
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         while True:
             page = store.list_executions(
                 definition_id=args.definition,
@@ -94,7 +94,7 @@ def ls(args: argparse.Namespace) -> int:
 
 
 def show_execution(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         exe = load(store, args)
         # The smallest id with this prefix is the id itself: its summary carries the times.
         summary = store.list_executions(id_prefix=args.id, limit=1).items[0]
@@ -175,7 +175,7 @@ def _moment(step: TraceStep) -> float | None:
 
 
 def trace(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         steps = store.trace_view(args.id)
         if not steps:
             load(store, args)

@@ -103,7 +103,7 @@ def _dead(args: argparse.Namespace, kind: str, *filters: str) -> int:
 def outbox(args: argparse.Namespace) -> int:
     if args.dead:
         return _dead(args, "outbox", "--target", "--source")
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         entries = store.outbox_view(target=args.target, source=args.source, limit=args.limit)
     rows = outbox_rows(entries, time.time())
     dead.listed(args, entries, OUTBOX_COLUMNS, rows, "pending outbox entries", args.limit)
@@ -113,7 +113,7 @@ def outbox(args: argparse.Namespace) -> int:
 def spawns(args: argparse.Namespace) -> int:
     if args.dead:
         return _dead(args, "spawn", "--parent")
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         entries = store.spawns_view(parent=args.parent, limit=args.limit)
     rows = spawn_rows(entries, time.time())
     dead.listed(args, entries, SPAWN_COLUMNS, rows, "pending spawns", args.limit)
@@ -124,7 +124,7 @@ def timers(args: argparse.Namespace) -> int:
     if args.dead:
         return _dead(args, "timer", "--due")
     now = time.time()
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         armed = store.timers_view(due_before=now if args.due else None, limit=args.limit)
     what = "due timers" if args.due else "armed timers"
     dead.listed(args, armed, TIMER_COLUMNS, timer_rows(armed, now), what, args.limit)

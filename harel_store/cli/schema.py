@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shlex
-import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import quote
 
 from harel_store.batch import drive
 from harel_store.cli.common import (
@@ -25,15 +22,9 @@ from harel_store.cli.common import (
 )
 from harel_store.cli.output import PROG, Failure
 from harel_store.connection import parse_database, show
-from harel_store.connection.local import (
-    LibsqlConnection,
-    LocalConnection,
-    holder,
-    import_libsql,
-    why_not,
-)
+from harel_store.connection.local import open_reader, why_not
 from harel_store.connection.revision import KNOWN, revision, unknown_revision
-from harel_store.errors import StoreError, is_driver_error, translate
+from harel_store.errors import StoreError
 from harel_store.migrate import alembic_config
 from harel_store.schema import describe, diff, head_schema, schema_at
 from harel_store.sql import HEAD, SQL_DIR, Query
@@ -79,26 +70,14 @@ def read_revision(where: str) -> str | None:
         return current_revision(where)
     if db.local == ":memory:" or not Path(db.local).exists():
         return None
-    path = os.path.abspath(db.local)
-    uri = f"file:{quote(path)}?mode=ro"
-    conn: LocalConnection
     try:
-        if holder(path) == "sqlite":  # a SqliteStore of this process: never a second library
-            conn = LocalConnection(sqlite3.connect(uri, uri=True, isolation_level=None), path)
-        else:
-            conn = LibsqlConnection(import_libsql().connect(uri), path)
-    except BaseException as exc:  # a driver's error, or pyo3's PanicException
-        if not is_driver_error(exc):
-            raise
-        raise Failure(f"cannot open {show(where)}: {why_not(str(translate(exc)))}") from exc
+        conn = open_reader(db.local, busy_timeout=BUSY_TIMEOUT_MS / 1000)
+    except StoreError as exc:
+        raise Failure(str(exc).replace(db.local, show(where), 1)) from exc
     try:
-        conn.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}", ())
         return drive(conn.execute, revision())  # its driver errors come back as StoreError
-    except BaseException as exc:
-        if not is_driver_error(exc):
-            raise
-        text = str(exc if isinstance(exc, StoreError) else translate(exc, quoted=path))
-        raise Failure(f"cannot open {show(where)}: {why_not(text)}") from exc
+    except StoreError as exc:
+        raise Failure(f"cannot open {show(where)}: {why_not(str(exc), db.local)}") from exc
     finally:
         conn.close()
 
@@ -198,7 +177,7 @@ def drift(where: str) -> tuple[str | None, list[str]]:
     """The live database's revision and its differences from the schema of that revision
     (none: it matches, or it is at none or at one this version does not know, which has no
     schema to compare with)."""
-    with connection(where) as conn:
+    with connection(where, read_only=True) as conn:
         current = drive(conn.execute, revision())
         live = describe(lambda sql, params: conn.execute((Query("describe", "", sql), params)))
     if current == HEAD:
@@ -249,6 +228,8 @@ COMMANDS = [
         "upgrade (or downgrade) the schema with the packaged Alembic migrations",
         f"""--sql reads the database's revision (never writing it; a missing file is at base)
 and prints the script from there to --to: an upgrade, or a downgrade to an older one.
+Against a server the run may take --timeout ($HAREL_TIMEOUT, else 30s): at the deadline
+one line on stderr, nothing of it committed, and the process is killed (exit status 137).
 
 examples:
   {PROG} migrate                             # to head

@@ -119,7 +119,7 @@ def status(args: argparse.Namespace) -> int:
         for line in failures:
             print(f"{PROG}: check failed: {plain(line)}", file=sys.stderr)
         return 1
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         now = time.time()
         stats = store.stats(now)
     counts = {status: stats.executions.get(status, 0) for status in STATUSES}

@@ -5,12 +5,19 @@ that bounds a whole request (connect, TLS handshake, send, the whole answer).
 none); both share one sans-IO answer parser.
 Neither retries: a kept-alive connection is only checked for EOF (or stray bytes) before it
 is used again, which catches the usual case of a server closing an idle connection.
+
+Both honour the proxy variables as curl and httpx do (``https_proxy``, ``http_proxy``,
+``all_proxy``, ``no_proxy``, in lower or upper case, read when the client is made): through
+a proxy, every connection is a ``CONNECT`` tunnel to the origin (for ``http://`` too), opened
+within the request's deadline; credentials in the proxy's URL go as ``Proxy-Authorization``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import ipaddress
 import select
 import socket
 import ssl
@@ -20,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from time import monotonic
 from typing import Generic, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+from urllib.request import getproxies_environment
 
 __all__ = [
     "AsyncClient",
@@ -241,14 +249,106 @@ def _readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-def _connect_failure(exc: OSError) -> ConnectFailed:
+def _connect_failure(exc: OSError, proxy: _Proxy | None = None) -> ConnectFailed:
     if isinstance(exc, ssl.SSLError):
         return ConnectFailed(f"TLS handshake failed: {exc}")
+    through = f" (the proxy {proxy.shown})" if proxy is not None else ""
     if isinstance(exc, ConnectionRefusedError):
-        return ConnectFailed("connection refused")
+        return ConnectFailed(f"connection refused{through}")
     if isinstance(exc, socket.gaierror):
-        return ConnectFailed(f"cannot resolve the host name: {exc.strerror or exc}")
-    return ConnectFailed(f"cannot connect: {exc.strerror or exc}")
+        return ConnectFailed(f"cannot resolve the host name{through}: {exc.strerror or exc}")
+    return ConnectFailed(f"cannot connect{through}: {exc.strerror or exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Proxy:
+    """Where connections go instead of the origin, and the tunnel request to send there
+    (``problem``: why the proxy named cannot be used, said when a connection is needed)."""
+
+    host: str
+    port: int
+    shown: str  # scheme://host:port, never the credentials
+    connect: bytes
+    problem: str | None = None
+
+
+def _bypassed(no_proxy: str, host: str, port: int) -> bool:
+    """Whether ``no_proxy`` (comma-separated: ``*``, host names that also match their
+    subdomains, with or without a leading ``.`` or ``*.``, IP addresses or networks, any of
+    them with ``:port``) exempts ``host``:``port`` from the proxy."""
+    host = host.lower().rstrip(".")
+    for entry in no_proxy.replace(" ", ",").split(","):
+        name, wanted = entry.strip().lower(), ""
+        if name == "*":
+            return True
+        if name.startswith("["):  # [v6] or [v6]:port
+            name, _, wanted = name[1:].partition("]")
+            wanted = wanted.removeprefix(":")
+        elif name.count(":") == 1:
+            name, _, wanted = name.partition(":")
+        name = name.removeprefix("*").removeprefix(".").rstrip(".")
+        if not name or (wanted and wanted != str(port)):
+            continue
+        try:
+            network = ipaddress.ip_network(name, strict=False)
+        except ValueError:
+            if host == name or host.endswith(f".{name}"):
+                return True
+            continue
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(host) in network:
+                return True
+    return False
+
+
+def _proxy_for(scheme: str, host: str, port: int) -> _Proxy | None:
+    """The proxy the environment names for ``scheme``://``host``:``port``, if any."""
+    found = getproxies_environment()  # lower case first; HTTP_PROXY not under CGI
+    if _bypassed(found.get("no", ""), host, port):
+        return None
+    url = found.get(scheme) or found.get("all")
+    if not url:
+        return None
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        proxy_port = parts.port or 80
+    except ValueError:
+        proxy_port = 0
+    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]
+    if parts.username is not None:
+        secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        lines.append(f"Proxy-Authorization: Basic {base64.b64encode(secret.encode()).decode()}")
+    problem = None
+    if parts.scheme != "http" or not parts.hostname or not proxy_port:
+        problem = f"the proxy {shown} is not http://host[:port]"
+    elif parts.path not in ("", "/") or parts.query or parts.fragment:
+        problem = f"the proxy {shown} has a path, query or fragment"
+    request = "\r\n".join([*lines, "", ""]).encode("latin-1", errors="replace")
+    return _Proxy(parts.hostname or "", proxy_port, shown, request, problem)
+
+
+def _tunnel_answer(proxy: _Proxy, buf: bytes) -> bool:
+    """Whether ``buf`` holds the proxy's whole answer to CONNECT (a 2xx: the tunnel is
+    open); a refusal, or an answer that is not HTTP, raises ConnectFailed naming it."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > MAX_HEAD:
+            raise ConnectFailed(f"the proxy {proxy.shown} sent an answer head over 64 KiB")
+        return False
+    line = buf[: buf.find(b"\r\n")].decode("latin-1")
+    version, _, rest = line.partition(" ")
+    code = rest[:3]
+    if not (version.startswith("HTTP/1.") and code.isascii() and code.isdigit()):
+        raise ConnectFailed(f"the proxy {proxy.shown} did not answer in HTTP: {line[:80]!r}")
+    if not code.startswith("2"):
+        reason = "".join(c if c.isprintable() else "?" for c in rest[:80])
+        hint = " (its credentials, in the proxy URL, are missing or wrong)" if code == "407" else ""
+        raise ConnectFailed(f"the proxy {proxy.shown} refused the tunnel: {reason}{hint}")
+    if len(buf) > end + 4:  # the origin speaks only when spoken to
+        raise ConnectFailed(f"the proxy {proxy.shown} sent bytes after its answer to CONNECT")
+    return True
 
 
 class _Origin(Generic[_Conn]):
@@ -277,6 +377,10 @@ class _Origin(Generic[_Conn]):
             self._ssl = ssl_context or ssl.create_default_context()
         self._timeout = timeout
         self._late = f"timed out after {timeout:g} s"
+        self._proxy = _proxy_for(parts.scheme, self._host, self._port)
+        self._dial = (self._host, self._port)
+        if self._proxy is not None:
+            self._dial = (self._proxy.host, self._proxy.port)
         host = f"[{self._host}]" if ":" in self._host else self._host
         if parts.port is not None:
             host = f"{host}:{self._port}"
@@ -407,19 +511,33 @@ class Client(_Origin[socket.socket]):
 
     def _connect(self, deadline: float) -> socket.socket:
         sock = None
+        proxy = self._proxy
+        if proxy is not None and proxy.problem:
+            raise ConnectFailed(proxy.problem)
+        host, port = self._dial
         try:
-            hosts = _resolve(self._host, self._port, self._left(deadline, False))
+            hosts = _resolve(host, port, self._left(deadline, False))
             if hosts is None:
                 raise TimeoutError("resolving the host name")
-            for i, host in enumerate(hosts):  # as create_connection: the next on a failure
+            for i, address in enumerate(hosts):  # as create_connection: the next on a failure
                 try:
-                    sock = socket.create_connection((host, self._port), self._left(deadline, False))
+                    sock = socket.create_connection((address, port), self._left(deadline, False))
                     break
                 except OSError:
                     if i == len(hosts) - 1:
                         raise
             assert sock is not None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if proxy is not None:
+                sock.settimeout(self._left(deadline, False))
+                sock.sendall(proxy.connect)
+                answer = b""
+                while not _tunnel_answer(proxy, answer):
+                    sock.settimeout(self._left(deadline, False))
+                    data = sock.recv(_READ)
+                    if not data:
+                        raise ConnectFailed(f"the proxy {proxy.shown} closed the connection")
+                    answer += data
             if self._ssl is not None:
                 sock.settimeout(self._left(deadline, False))  # the handshake's deadline
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
@@ -430,7 +548,7 @@ class Client(_Origin[socket.socket]):
             if isinstance(exc, TimeoutError):
                 raise TimedOut(self._late, sent=False) from exc
             if isinstance(exc, OSError):
-                raise _connect_failure(exc) from exc
+                raise _connect_failure(exc, proxy) from exc
             raise
 
 
@@ -688,15 +806,19 @@ class AsyncClient(_Origin[_Socket]):
             conn.close()
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Socket:
+        proxy = self._proxy
+        if proxy is not None and proxy.problem:
+            raise ConnectFailed(proxy.problem)
+        host, port = self._dial
         try:
             try:  # an IP address needs no resolver (nor a worker thread to wait for it)
                 addresses = socket.getaddrinfo(
-                    self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+                    host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
                 )
             except socket.gaierror:
-                addresses = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+                addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
-            raise _connect_failure(exc) from exc
+            raise _connect_failure(exc, proxy) from exc
         failure: OSError = OSError("no address for the host")
         for family, kind, proto, _, address in addresses:
             sock = socket.socket(family, kind, proto)
@@ -715,16 +837,24 @@ class AsyncClient(_Origin[_Socket]):
         else:
             if isinstance(failure, TimeoutError):  # the kernel's own connect timeout
                 raise TimedOut(self._late, sent=False) from failure
-            raise _connect_failure(failure) from failure
+            raise _connect_failure(failure, proxy) from failure
         conn = _Socket(sock)
-        if self._ssl is not None:
-            try:
+        try:
+            if proxy is not None:
+                await loop.sock_sendall(sock, proxy.connect)
+                answer = b""
+                while not _tunnel_answer(proxy, answer):
+                    data = await loop.sock_recv(sock, _READ)
+                    if not data:
+                        raise ConnectFailed(f"the proxy {proxy.shown} closed the connection")
+                    answer += data
+            if self._ssl is not None:
                 await conn.start_tls(loop, self._ssl, self._host)
-            except BaseException as exc:
-                conn.close()
-                if isinstance(exc, TimeoutError):
-                    raise TimedOut(self._late, sent=False) from exc
-                if isinstance(exc, OSError):
-                    raise _connect_failure(exc) from exc
-                raise
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, TimeoutError):
+                raise TimedOut(self._late, sent=False) from exc
+            if isinstance(exc, OSError):
+                raise _connect_failure(exc, proxy) from exc
+            raise
         return conn

@@ -24,6 +24,7 @@ import weakref
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
+from urllib.parse import quote
 
 from harel_store.batch import Batch, Conflicted, Fresh, Request, shape, statement
 from harel_store.checks import check_finite
@@ -101,6 +102,10 @@ class LocalConnection:
                     if not is_driver_error(exc):
                         raise  # KeyboardInterrupt and the like
                     error = translate(exc, quoted=self.where)
+                    if type(error) is StoreError and "readonly database" in str(error):
+                        why = not_writable(self.where) if self.where != ":memory:" else None
+                        if why is not None:  # SQLite opened it read-only: say why
+                            error = StoreError(f"cannot write {self.where}: {why}")
                     # Locked by another connection: nothing of the request was done (a
                     # batch rolled back), so it goes again after a pause, the GIL free.
                     wait = pause * random.uniform(0.5, 1.0)
@@ -359,15 +364,117 @@ def open_file(
             raise
         error = translate(exc, quoted=str(database))
         if type(error) is StoreError:  # not busy: the file itself is the trouble
-            error = StoreError(f"cannot open {database}: {why_not(str(error))}")
+            error = StoreError(f"cannot open {database}: {why_not(str(error), database)}")
         raise error from exc
 
 
-def why_not(text: str) -> str:
+def open_reader(path: str | Path, *, busy_timeout: float = 5.0) -> LocalConnection:
+    """The existing local file ``path`` for reading only (SQLite refuses any write on it),
+    over the SQLite library this process already has it open with, if any, else libsql: what
+    the CLI's read commands use, so that they work on read-only media too.
+
+    A WAL database is read through its ``-shm`` file, which SQLite must create when it is
+    missing: where it cannot (a read-only file system, a directory this user may not write),
+    a database whose ``-wal`` file is missing or empty (and no ``-shm``: no writer has it
+    open) is the file alone, and is opened immutable (no locks, no -shm); one whose ``-wal``
+    holds commits cannot be read there, a StoreError saying so."""
+    given, where = str(path), os.path.abspath(path)
+    library: Library = "sqlite" if holder(where) == "sqlite" else "libsql"
+    hold = hold_file(where, library)
+    uri = f"file:{quote(where)}?mode=ro"
+    try:
+        try:
+            return _read_only(uri, where, library, hold, busy_timeout)
+        except BaseException as exc:
+            if not is_driver_error(exc):
+                raise
+            failure = translate(exc, quoted=where)
+            reason = _no_files_beside(where)
+            if reason is None or "not a database" in str(failure).lower():
+                raise StoreError(f"cannot open {given}: {why_not(str(failure), where)}") from exc
+            wal, shm = _size(f"{where}-wal"), _size(f"{where}-shm")
+            if wal > 0 and shm == 0:
+                name = os.path.basename(where)
+                raise StoreError(
+                    f"cannot read {given}: {reason.partition(' (')[0]}, so SQLite cannot create"
+                    f" {name}-shm there, without which it cannot read the commits in {name}-wal:"
+                    f" copy {name} and {name}-wal to a writable directory and read the copy"
+                ) from exc
+            if wal or shm:  # a -shm: a writer may have it open; -1: cannot be told
+                raise StoreError(f"cannot open {given}: {why_not(str(failure), where)}") from exc
+        try:  # the file is the whole database, and nothing here can change it
+            return _read_only(f"{uri}&immutable=1", where, library, hold, busy_timeout)
+        except BaseException as exc:
+            if not is_driver_error(exc):
+                raise
+            failure = translate(exc, quoted=where)
+            raise StoreError(f"cannot open {given}: {why_not(str(failure), where)}") from exc
+    except BaseException:
+        hold.release()
+        raise
+
+
+def _size(path: str) -> int:
+    """The size of the file ``path``: 0 if there is none, -1 if it cannot be told."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return -1
+
+
+def _read_only(
+    uri: str, where: str, library: Library, hold: FileHold, busy_timeout: float
+) -> LocalConnection:
+    """A connection to ``uri``, proved able to read (the drivers open files lazily)."""
+    if library == "sqlite":
+        db: DBAPI = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    else:
+        db = import_libsql().connect(uri, _check_same_thread=False)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_schema", ()).fetchall()
+    except BaseException:
+        with suppress(BaseException):
+            db.close()
+        raise
+    kind = LocalConnection if library == "sqlite" else LibsqlConnection
+    return kind(db, where, hold, busy_timeout)
+
+
+def not_writable(path: str | Path) -> str | None:
+    """Why this process may not write the database ``path`` (nor the ``-wal`` and ``-shm``
+    files SQLite keeps beside it), in the store's words; None when nothing stops it."""
+    where = os.path.abspath(path)
+    if os.path.exists(where) and not os.access(where, os.W_OK):
+        return _no_files_beside(where) or "the file is not writable by this user"
+    return _no_files_beside(where)
+
+
+def _no_files_beside(where: str) -> str | None:
+    """Why no file (a -wal, a -shm) can be created beside ``where``; None if one can."""
+    directory = os.path.dirname(where)
+    with suppress(OSError, ValueError):
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    if os.path.isdir(directory) and not os.access(directory, os.W_OK | os.X_OK):
+        return (
+            "its directory is not writable by this user (SQLite keeps the -wal and -shm files"
+            " beside the database)"
+        )
+    return None
+
+
+def why_not(text: str, path: str | Path | None = None) -> str:
     """Why a file did not open, in the store's words (the drivers say it three ways)."""
     lowered = text.lower()
     if "not a database" in lowered:
         return "it is not a SQLite database"
-    if "unable to open" in lowered or lowered.rstrip().endswith(": 14"):  # SQLITE_CANTOPEN
+    cannot_open = "unable to open" in lowered or lowered.rstrip().endswith(": 14")  # CANTOPEN
+    if cannot_open or "readonly database" in lowered:  # SQLITE_READONLY: cannot write it
+        reason = not_writable(path) if path not in (None, "", ":memory:") else None
+        if reason is not None:
+            return reason
+    if cannot_open:
         return "the file cannot be opened or created there (no such directory, or no permission)"
     return text
