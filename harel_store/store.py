@@ -622,7 +622,10 @@ class Store:
         it owns; return how many. A child goes only with its root, and a tree only whole,
         when every member is final and last updated before ``before`` (a tree larger than
         ``limit`` goes whole, alone in its call). An execution whose parent row is gone is
-        the root of its own tree. One short write transaction; call again until 0.
+        the root of its own tree. One short write transaction; call again until 0. On a
+        local file the store sizes each call's transaction by time, not only by ``limit``
+        (about 10 ms of write lock, 2 ms while another connection writes the file), so a
+        call may remove fewer than ``limit`` while more are due.
         """
         return self._run(self._purge_finished(before, limit=limit))
 
