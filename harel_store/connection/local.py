@@ -384,7 +384,7 @@ def open_reader(path: str | Path, *, busy_timeout: float = 5.0) -> LocalConnecti
     uri = f"file:{quote(where)}?mode=ro"
     try:
         try:
-            return _read_only(uri, where, library, hold, busy_timeout)
+            return _read_only(uri, given, library, hold, busy_timeout)
         except BaseException as exc:
             if not is_driver_error(exc):
                 raise
@@ -403,7 +403,7 @@ def open_reader(path: str | Path, *, busy_timeout: float = 5.0) -> LocalConnecti
             if wal or shm:  # a -shm: a writer may have it open; -1: cannot be told
                 raise StoreError(f"cannot open {given}: {why_not(str(failure), where)}") from exc
         try:  # the file is the whole database, and nothing here can change it
-            return _read_only(f"{uri}&immutable=1", where, library, hold, busy_timeout)
+            return _read_only(f"{uri}&immutable=1", given, library, hold, busy_timeout)
         except BaseException as exc:
             if not is_driver_error(exc):
                 raise
