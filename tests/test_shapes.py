@@ -262,6 +262,7 @@ def _bump_version_column(s: Any, execution_id: str) -> None:
     inner = s.sync_store if hasattr(s, "sync_store") else s
     if not isinstance(inner._conn, LocalConnection):  # a connection of the test's own
         conn.close()
+    s.sync()  # a replica reads its own copy: it sees a foreign write once it pulls it
 
 
 @pytest.mark.parametrize("kind", VERSION_KINDS)
