@@ -26,43 +26,20 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from harel_store import queues
 from harel_store.awaiting import Call, wait_message
 from harel_store.batch import Plan, adrive, settle
 from harel_store.checks import check_trace_max
 from harel_store.connection import HranaConnection, is_remote, open_libsql
 from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema
+from harel_store.executions import _wait_args
 from harel_store.models import (
-    DEAD_KINDS,
-    ArmedTimer,
-    ClaimedWork,
-    DeadLetter,
-    DefinitionRecord,
-    DueTimer,
-    Event,
     Execution,
-    ExecutionPage,
-    ExecutionSummary,
-    OutboxEntry,
-    PendingOutbox,
-    PendingSpawn,
-    RelayItem,
-    SpawnEntry,
-    TimerOp,
-    TraceStep,
-    WorkAhead,
 )
-from harel_store.store import (
-    DEFAULT_TRACE_MAX,
-    MAX_PAGE,
-    LibsqlStore,
-    Store,
-    StoreStats,
-    _wait_args,
-)
+from harel_store.operation import awaitable
+from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store
 from harel_store.wakeup import Waiter
 
 T = TypeVar("T")
@@ -178,150 +155,56 @@ class AsyncLibsqlStore:
             raise cancelled
         return task.result()
 
-    async def save(self, exe: Execution) -> None:
-        """Async version of `LibsqlStore.save`."""
-        return await self._run(self._s._save(exe))
-
-    async def commit(
-        self,
-        exe: Execution,
-        emits: Iterable[tuple[str | None, Event]],
-        processed_event_id: str | None = None,
-        timers: Iterable[TimerOp] = (),
-        spawns: Iterable[tuple[str, str, dict[str, Any]]] = (),
-        trace: dict[str, Any] | None = None,
-        *,
-        acks: Iterable[RelayItem] = (),
-    ) -> list[int]:
-        """Async version of `LibsqlStore.commit`."""
-        return await self._run(
-            self._s._commit(exe, emits, processed_event_id, timers, spawns, trace, acks=acks)
-        )
-
-    async def load(self, execution_id: str) -> Execution | None:
-        """Async version of `LibsqlStore.load`."""
-        return await self._run(self._s._load(execution_id))
-
-    async def load_for_event(
-        self, execution_id: str, event_id: str
-    ) -> tuple[Execution | None, bool]:
-        """Async version of `LibsqlStore.load_for_event`."""
-        return await self._run(self._s._load_for_event(execution_id, event_id))
-
-    async def is_processed(self, execution_id: str, event_id: str) -> bool:
-        """Async version of `LibsqlStore.is_processed`."""
-        return await self._run(self._s._is_processed(execution_id, event_id))
-
-    async def list_executions(
-        self,
-        *,
-        definition_id: str | None = None,
-        status: str | Iterable[str] | None = None,
-        roots_only: bool = False,
-        limit: int = 50,
-        cursor: str | None = None,
-        updated_after: float | None = None,
-        updated_before: float | None = None,
-        newest_first: bool = False,
-        id_prefix: str | None = None,
-    ) -> ExecutionPage:
-        """Async version of `LibsqlStore.list_executions`."""
-        return await self._run(
-            self._s._list_executions(
-                definition_id=definition_id,
-                status=status,
-                roots_only=roots_only,
-                limit=limit,
-                cursor=cursor,
-                updated_after=updated_after,
-                updated_before=updated_before,
-                newest_first=newest_first,
-                id_prefix=id_prefix,
-            )
-        )
-
-    async def pending_outbox(self, limit: int | None = None) -> list[OutboxEntry]:
-        """Async version of `LibsqlStore.pending_outbox`."""
-        return await self._run(self._s._pending_outbox(limit))
-
-    async def claim_outbox(
-        self,
-        worker: str,
-        *,
-        limit: int = 100,
-        lease: float = 30.0,
-        max_attempts: int | None = None,
-    ) -> list[OutboxEntry]:
-        """Async version of `LibsqlStore.claim_outbox`."""
-        return await self._run(
-            self._s._claim_outbox(worker, limit=limit, lease=lease, max_attempts=max_attempts)
-        )
-
-    async def ack_outbox(self, seq: int) -> None:
-        """Async version of `LibsqlStore.ack_outbox`."""
-        return await self._run(self._s._ack_outbox(seq))
-
-    async def pending_spawns(self, limit: int | None = None) -> list[SpawnEntry]:
-        """Async version of `LibsqlStore.pending_spawns`."""
-        return await self._run(self._s._pending_spawns(limit))
-
-    async def claim_spawns(
-        self,
-        worker: str,
-        *,
-        limit: int = 100,
-        lease: float = 30.0,
-        max_attempts: int | None = None,
-    ) -> list[SpawnEntry]:
-        """Async version of `LibsqlStore.claim_spawns`."""
-        return await self._run(
-            self._s._claim_spawns(worker, limit=limit, lease=lease, max_attempts=max_attempts)
-        )
-
-    async def ack_spawn(self, seq: int) -> None:
-        """Async version of `LibsqlStore.ack_spawn`."""
-        return await self._run(self._s._ack_spawn(seq))
-
-    async def due_timers(self, now: float, limit: int | None = None) -> list[DueTimer]:
-        """Async version of `LibsqlStore.due_timers`."""
-        return await self._run(self._s._due_timers(now, limit))
-
-    async def claim_due_timers(
-        self,
-        worker: str,
-        now: float,
-        *,
-        limit: int = 100,
-        lease: float = 30.0,
-        max_attempts: int | None = None,
-    ) -> list[DueTimer]:
-        """Async version of `LibsqlStore.claim_due_timers`."""
-        return await self._run(
-            self._s._claim_due_timers(
-                worker, now, limit=limit, lease=lease, max_attempts=max_attempts
-            )
-        )
-
-    async def peek_work(self, now: float) -> WorkAhead:
-        """Async version of `LibsqlStore.peek_work`."""
-        return await self._run(self._s._peek_work(now))
-
-    async def claim_work(
-        self,
-        worker: str,
-        now: float,
-        *,
-        kinds: Iterable[str] = DEAD_KINDS,
-        limit: int = 100,
-        lease: float = 30.0,
-        max_attempts: int | None = None,
-    ) -> ClaimedWork:
-        """Async version of `LibsqlStore.claim_work`."""
-        return await self._run(
-            self._s._claim_work(
-                worker, now, kinds=kinds, limit=limit, lease=lease, max_attempts=max_attempts
-            )
-        )
+    # Every operation of the sync store, driving its plan (harel_store.operation).
+    save = awaitable(Store.save)
+    commit = awaitable(Store.commit)
+    append_trace = awaitable(Store.append_trace)
+    purge = awaitable(Store.purge)
+    publish_definition = awaitable(Store.publish_definition)
+    clock = awaitable(Store.clock)
+    purge_finished = awaitable(Store.purge_finished)
+    forget_processed = awaitable(Store.forget_processed)
+    purge_dead = awaitable(Store.purge_dead)
+    retention_counts = awaitable(Store.retention_counts)
+    load = awaitable(Store.load)
+    load_for_event = awaitable(Store.load_for_event)
+    is_processed = awaitable(Store.is_processed)
+    list_executions = awaitable(Store.list_executions)
+    ids_with_prefix = awaitable(Store.ids_with_prefix)
+    pending_outbox = awaitable(Store.pending_outbox)
+    claim_outbox = awaitable(Store.claim_outbox)
+    outbox_for = awaitable(Store.outbox_for)
+    pending_spawns = awaitable(Store.pending_spawns)
+    claim_spawns = awaitable(Store.claim_spawns)
+    due_timers = awaitable(Store.due_timers)
+    claim_due_timers = awaitable(Store.claim_due_timers)
+    peek_work = awaitable(Store.peek_work)
+    claim_work = awaitable(Store.claim_work)
+    _awaited = awaitable(Store._awaited)
+    ack = awaitable(Store.ack)
+    _ack_held = awaitable(Store._ack_held)
+    ack_outbox = awaitable(Store.ack_outbox)
+    ack_spawn = awaitable(Store.ack_spawn)
+    delete_timer = awaitable(Store.delete_timer)
+    fail = awaitable(Store.fail)
+    extend = awaitable(Store.extend)
+    revive = awaitable(Store.revive)
+    release = awaitable(Store.release)
+    attempts_of = awaitable(Store.attempts_of)
+    dead_letters = awaitable(Store.dead_letters)
+    read_trace = awaitable(Store.read_trace)
+    trace_view = awaitable(Store.trace_view)
+    load_definition = awaitable(Store.load_definition)
+    stats = awaitable(Store.stats)
+    dead_letter = awaitable(Store.dead_letter)
+    discard_dead_letter = awaitable(Store.discard_dead_letter)
+    discard_dead_letters = awaitable(Store.discard_dead_letters)
+    timers_of = awaitable(Store.timers_of)
+    children_of = awaitable(Store.children_of)
+    outbox_view = awaitable(Store.outbox_view)
+    spawns_view = awaitable(Store.spawns_view)
+    timers_view = awaitable(Store.timers_view)
+    purge_tree = awaitable(Store.purge_tree)
 
     async def wait_for(
         self,
@@ -333,7 +216,7 @@ class AsyncLibsqlStore:
         """Async version of `LibsqlStore.wait_for` (the builtin TimeoutError on every Python)."""
         execution_id, statuses, seconds = _wait_args(execution_id, status, timeout)
         deadline = time.monotonic() + seconds
-        found = await self._run(self._s._awaited({execution_id: statuses}))
+        found = await self._awaited({execution_id: statuses})
         if execution_id in found:
             return found[execution_id]
         future: asyncio.Future[Execution] = asyncio.get_running_loop().create_future()
@@ -350,152 +233,6 @@ class AsyncLibsqlStore:
     def _waiter(self) -> Waiter:
         """As `Store._waiter`: this store's database's signals."""
         return self._s._waiter()
-
-    async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
-        """Async version of `LibsqlStore.delete_timer`."""
-        return await self._run(self._s._delete_timer(execution_id, path, fire_at))
-
-    async def ack(self, items: Iterable[RelayItem]) -> int:
-        """Async version of `LibsqlStore.ack`."""
-        return await self._run(self._s._ack(queues.items_of(items, "ack")))
-
-    async def fail(
-        self, worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
-    ) -> int:
-        """Async version of `LibsqlStore.fail`."""
-        return await self._run(self._s._fail(worker, items, error=error, retry_in=retry_in))
-
-    async def extend(
-        self, worker: str, items: Iterable[RelayItem], *, lease: float
-    ) -> list[RelayItem]:
-        """Async version of `LibsqlStore.extend`."""
-        return await self._run(self._s._extend(worker, items, lease=lease))
-
-    async def revive(self, items: Iterable[RelayItem]) -> int:
-        """Async version of `LibsqlStore.revive`."""
-        return await self._run(self._s._revive(items))
-
-    async def release(self, worker: str, items: Iterable[RelayItem]) -> int:
-        """Async version of `LibsqlStore.release`."""
-        return await self._run(self._s._release(worker, items))
-
-    async def attempts_of(self, items: Iterable[RelayItem]) -> list[int]:
-        """Async version of `LibsqlStore.attempts_of`."""
-        return await self._run(self._s._attempts_of(items))
-
-    async def dead_letters(self, *, kind: str | None = None, limit: int = 100) -> list[DeadLetter]:
-        """Async version of `LibsqlStore.dead_letters`."""
-        return await self._run(self._s._dead_letters(kind=kind, limit=limit))
-
-    async def append_trace(self, execution_id: str, entry: dict[str, Any]) -> None:
-        """Async version of `LibsqlStore.append_trace`."""
-        return await self._run(self._s._append_trace(execution_id, entry))
-
-    async def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
-        """Async version of `LibsqlStore.read_trace`."""
-        return await self._run(self._s._read_trace(execution_id))
-
-    async def purge(self, execution_id: str, expected_version: int) -> bool:
-        """Async version of `LibsqlStore.purge`."""
-        return await self._run(self._s._purge(execution_id, expected_version))
-
-    async def clock(self) -> float:
-        """Async version of `LibsqlStore.clock`."""
-        return await self._run(self._s._clock())
-
-    async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
-        """Async version of `LibsqlStore.purge_finished`."""
-        return await self._run(self._s._purge_finished(before, limit=limit))
-
-    async def forget_processed(self, before: float, *, limit: int = 10000) -> int:
-        """Async version of `LibsqlStore.forget_processed`."""
-        return await self._run(self._s._forget_processed(before, limit=limit))
-
-    async def purge_dead(self, before: float, *, limit: int = 1000) -> int:
-        """Async version of `LibsqlStore.purge_dead`."""
-        return await self._run(self._s._purge_dead(before, limit=limit))
-
-    async def retention_counts(
-        self,
-        *,
-        finished_before: float | None = None,
-        markers_before: float | None = None,
-        dead_before: float | None = None,
-    ) -> tuple[int, int, int]:
-        """Async version of `LibsqlStore.retention_counts`."""
-        return await self._run(
-            self._s._retention_counts(
-                finished_before=finished_before,
-                markers_before=markers_before,
-                dead_before=dead_before,
-            )
-        )
-
-    async def ids_with_prefix(self, prefix: str) -> list[str]:
-        """Async version of `LibsqlStore.ids_with_prefix`."""
-        return await self._run(self._s._ids_with_prefix(prefix))
-
-    async def publish_definition(self, record: DefinitionRecord) -> DefinitionRecord:
-        """Async version of `LibsqlStore.publish_definition`."""
-        return await self._run(self._s._publish_definition(record))
-
-    async def load_definition(self, definition_id: str, version: int) -> DefinitionRecord | None:
-        """Async version of `LibsqlStore.load_definition`."""
-        return await self._run(self._s._load_definition(definition_id, version))
-
-    async def stats(self, now: float) -> StoreStats:
-        """Async version of `LibsqlStore.stats`."""
-        return await self._run(self._s._stats(now))
-
-    async def dead_letter(self, kind: str, key: int | tuple[str, str]) -> DeadLetter | None:
-        """Async version of `LibsqlStore.dead_letter`."""
-        return await self._run(self._s._dead_letter(kind, key))
-
-    async def discard_dead_letter(self, kind: str, key: int | tuple[str, str]) -> bool:
-        """Async version of `LibsqlStore.discard_dead_letter`."""
-        return await self._run(self._s._discard_dead_letter(kind, key))
-
-    async def discard_dead_letters(self, *, kind: str | None = None, limit: int = MAX_PAGE) -> int:
-        """Async version of `LibsqlStore.discard_dead_letters`."""
-        return await self._run(self._s._discard_dead_letters(kind=kind, limit=limit))
-
-    async def timers_of(self, execution_id: str) -> list[tuple[str, float]]:
-        """Async version of `LibsqlStore.timers_of`."""
-        return await self._run(self._s._timers_of(execution_id))
-
-    async def outbox_for(self, execution_id: str) -> list[OutboxEntry]:
-        """Async version of `LibsqlStore.outbox_for`."""
-        return await self._run(self._s._outbox_for(execution_id))
-
-    async def children_of(self, execution_id: str) -> list[ExecutionSummary]:
-        """Async version of `LibsqlStore.children_of`."""
-        return await self._run(self._s._children_of(execution_id))
-
-    async def outbox_view(
-        self, *, target: str | None = None, source: str | None = None, limit: int = 50
-    ) -> list[PendingOutbox]:
-        """Async version of `LibsqlStore.outbox_view`."""
-        return await self._run(self._s._outbox_view(target=target, source=source, limit=limit))
-
-    async def spawns_view(
-        self, *, parent: str | None = None, limit: int = 50
-    ) -> list[PendingSpawn]:
-        """Async version of `LibsqlStore.spawns_view`."""
-        return await self._run(self._s._spawns_view(parent=parent, limit=limit))
-
-    async def timers_view(
-        self, *, due_before: float | None = None, limit: int = 50
-    ) -> list[ArmedTimer]:
-        """Async version of `LibsqlStore.timers_view`."""
-        return await self._run(self._s._timers_view(due_before=due_before, limit=limit))
-
-    async def trace_view(self, execution_id: str) -> list[TraceStep]:
-        """Async version of `LibsqlStore.trace_view`."""
-        return await self._run(self._s._trace_view(execution_id))
-
-    async def purge_tree(self, execution_id: str, expected_version: int) -> list[str]:
-        """Async version of `LibsqlStore.purge_tree`."""
-        return await self._run(self._s._purge_tree(execution_id, expected_version))
 
     async def sync(self) -> None:
         """Async version of `LibsqlStore.sync` (nothing to pull on a remote primary)."""

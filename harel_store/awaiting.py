@@ -80,7 +80,7 @@ def _settle(
 class Source(Protocol):
     """What the reader asks of its store (`harel_store.store.Store`)."""
 
-    def _wanted_now(self, wanted: dict[str, frozenset[str]]) -> dict[str, Execution]: ...
+    def _awaited(self, wanted: dict[str, frozenset[str]]) -> dict[str, Execution]: ...
     def _waiter(self) -> Waiter: ...
 
 
@@ -145,7 +145,7 @@ class Awaits:
         store = self._store()
         if store is None:
             raise StoreError(f"the store on {self._where} closed")
-        return store._wanted_now(wanted)
+        return store._awaited(wanted)
 
     def _run(self) -> None:
         store = self._store()

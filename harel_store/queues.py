@@ -15,17 +15,43 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from harel_store.batch import Batch
-from harel_store.checks import check_finite, check_id, check_int, loads_dict, stored
+from harel_store import wakeup
+from harel_store.batch import Batch, Plan, fresh, statement
+from harel_store.checks import (
+    check_delay,
+    check_finite,
+    check_id,
+    check_int,
+    check_max_attempts,
+    check_timeout,
+    error_text,
+    loads_dict,
+    stored,
+)
+from harel_store.core import (
+    ABOVE_ALL,
+    MAX_PAGE,
+    StoreCore,
+    _limit,
+    _page,
+)
 from harel_store.errors import StoreError
 from harel_store.models import (
+    DEAD_KINDS,
+    ArmedTimer,
+    ClaimedWork,
+    DeadKind,
     DeadLetter,
     DueTimer,
     Event,
     OutboxEntry,
+    PendingOutbox,
+    PendingSpawn,
     RelayItem,
     SpawnEntry,
+    WorkAhead,
 )
+from harel_store.operation import operation
 
 # Failures and dead letters are the relays' news: a logger of their own.
 relay_log = logging.getLogger("harel_store.relay")
@@ -250,3 +276,425 @@ def log_dead(kind: str, rows: Iterable[Sequence[Any]]) -> None:
             attempts,
             "none recorded" if last_error is None else repr(last_error[:300]),
         )
+
+
+# A kind's statement that removes its dead letters, a page at a time.
+_DISCARD_ALL = {
+    "outbox": "discard_dead_outbox",
+    "spawn": "discard_dead_spawns",
+    "timer": "discard_dead_timers",
+}
+
+
+def _dead_key(
+    kind: str, key: object, outbox: str, spawn: str, timer: str
+) -> tuple[Any, ...] | None:
+    """The statement of ``kind`` (one of the three names) and its parameters for a dead
+    letter's ``key``: a seq (None when below 1: no row has one), or a timer's (execution_id,
+    path). ValueError/TypeError for a kind or a key that is none."""
+    if kind == "timer":
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise TypeError(f"a timer's key is (execution_id, path), not {key!r:.80}")
+        return timer, check_id(key[0], "execution_id"), check_id(key[1], "path")
+    if kind in ("outbox", "spawn"):
+        if check_int(key, "seq") < 1:  # no row has such a seq: below 1 are dead ones negated
+            return None
+        return (outbox if kind == "outbox" else spawn), key
+    raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)}, not {kind!r}")
+
+
+# Each kind's claim: its statements (the dead letters' sweep, the claim), how its rows decode,
+# and the order it hands them out in.
+_CLAIMS: dict[DeadKind, tuple[tuple[str, str], Any, Any]] = {
+    "outbox": (("mark_dead_outbox", "claim_outbox"), outbox_entry, None),
+    "spawn": (("mark_dead_spawns", "claim_spawns"), spawn_entry, None),
+    "timer": (
+        ("mark_dead_timers", "claim_due_timers"),
+        due_timer,
+        lambda t: (t.fire_at, t.execution_id, t.path),
+    ),
+}
+
+
+def _check_claim(worker: str, limit: int, lease: float, max_attempts: int | None) -> float:
+    check_id(worker, "worker")
+    _page(limit)
+    check_max_attempts(max_attempts)
+    return check_timeout(lease, "lease")
+
+
+def _add_claim(
+    batch: Batch,
+    kind: DeadKind,
+    worker: str,
+    limit: int,
+    lease: float,
+    max_attempts: int | None,
+    due: float,
+) -> tuple[int | None, int]:
+    """Add a claim of ``kind`` to ``batch`` (checked by `_check_claim`): given a
+    ``max_attempts``, first the statement that makes dead letters of the rows at it, then
+    the UPDATE ... RETURNING of queries.sql; return their steps."""
+    names = _CLAIMS[kind][0]
+    timer = (due,) if kind == "timer" else ()
+    mark = None
+    if max_attempts is not None:
+        mark = batch.add(names[0], max_attempts, limit, *timer)
+    return mark, batch.add(names[1], worker, limit, lease, *timer, max_attempts)
+
+
+def _claimed(kind: DeadKind, results: Sequence[Any], steps: tuple[int | None, int]) -> list[Any]:
+    """What a claim's steps came to: the dead letters it made logged, its rows decoded (a
+    corrupt one logged and left claimed) in the order the claim hands them out."""
+    (mark_name, _), decode, order = _CLAIMS[kind]
+    mark, claim = steps
+    if mark is not None:
+        log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
+    return sorted(decoded(results[claim], decode), key=order)
+
+
+def _claim(
+    kind: DeadKind,
+    worker: str,
+    limit: int,
+    lease: float,
+    max_attempts: int | None,
+    due: float = 0.0,
+) -> Plan[list[Any]]:
+    """One kind's claim: one write."""
+    seconds = _check_claim(worker, limit, lease, max_attempts)
+    batch = Batch()
+    steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due)
+    return _claimed(kind, (yield batch), steps)
+
+
+def _work_ahead(row: Sequence[Any]) -> WorkAhead:
+    outbox, spawns, timers, next_timer_at = row
+    return WorkAhead(bool(outbox), bool(spawns), bool(timers), next_timer_at)
+
+
+def _kinds(items: Items) -> list[str]:
+    """The signals of work of these items' kinds made claimable again."""
+    kinds = ((wakeup.OUTBOX, items.outbox), (wakeup.SPAWN, items.spawns))
+    return [signal for signal, seqs in kinds if seqs] + ([wakeup.TIMER] if items.timers else [])
+
+
+def _pending_outbox(row: Sequence[Any]) -> PendingOutbox:
+    seq, target, source, created, by, until, attempts, error, event = row
+    decoded = stored(f"outbox entry {seq}", Event.model_validate_json, event)
+    return PendingOutbox(seq, target, source, created, by, until, attempts, error, decoded)
+
+
+def _pending_spawn(row: Sequence[Any]) -> PendingSpawn:
+    seq, parent, child, root, created, by, until, attempts, error, context = row
+    decoded = stored(f"spawn {seq}", loads_dict, context)
+    return PendingSpawn(seq, parent, child, root, created, by, until, attempts, error, decoded)
+
+
+class Queues(StoreCore):
+    """The relays' operations on the queues (`harel_store.store.Store` has them all)."""
+
+    @operation
+    def pending_outbox(self, limit: int | None = None) -> Plan[list[OutboxEntry]]:
+        """Undelivered emitted events, oldest first: the first ``limit`` (None: all),
+        claimed or not; dead letters are not pending (see `dead_letters`)."""
+        rows = yield statement("pending_outbox", _limit(limit))
+        return [outbox_entry(row) for row in rows]
+
+    @operation
+    def claim_outbox(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
+    ) -> Plan[list[OutboxEntry]]:
+        """Claim up to ``limit`` undelivered entries for ``worker``, oldest first.
+
+        No other worker is handed them until the lease (seconds, on the database's clock)
+        runs out; then they are claimable again, so a worker that dies loses nothing. Each
+        claim of an entry counts one attempt of it. With ``max_attempts``, an entry whose
+        attempts reached it is not handed out: this claim makes it a dead letter (logged on
+        ``harel_store.relay``; see `dead_letters`). Consume what was delivered with `ack` or
+        in the handling commit (``commit(..., acks=...)``); `fail` what was not. One atomic
+        write (one round trip remote).
+        """
+        return (yield from _claim("outbox", worker, limit, lease, max_attempts))
+
+    @operation
+    def pending_spawns(self, limit: int | None = None) -> Plan[list[SpawnEntry]]:
+        """Child executions still to be created, oldest first: the first ``limit`` (None:
+        all), claimed or not; dead letters are not pending."""
+        rows = yield statement("pending_spawns", _limit(limit))
+        return [spawn_entry(row) for row in rows]
+
+    @operation
+    def claim_spawns(
+        self, worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
+    ) -> Plan[list[SpawnEntry]]:
+        """Claim up to ``limit`` pending spawns for ``worker``, oldest first (as
+        `claim_outbox`); consume each child created with `ack` or in the child's first
+        commit (``commit(child, [], acks=(spawn,))``)."""
+        return (yield from _claim("spawn", worker, limit, lease, max_attempts))
+
+    @operation
+    def due_timers(self, now: float, limit: int | None = None) -> Plan[list[DueTimer]]:
+        """Live timers with ``fire_at <= now``, soonest first: the first ``limit`` (None:
+        all), claimed or not."""
+        rows = yield statement("due_timers", check_finite(now, "now"), _limit(limit))
+        return [due_timer(row) for row in rows]
+
+    @operation
+    def claim_due_timers(
+        self,
+        worker: str,
+        now: float,
+        *,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> Plan[list[DueTimer]]:
+        """Claim up to ``limit`` timers due at ``now`` for ``worker``, soonest first (leases,
+        attempts and dead letters as `claim_outbox`). Fire each one in a commit with
+        ``processed_event_id=timer.event_id`` and ``acks=(timer,)``; re-arming a timer
+        drops its claim."""
+        due = check_finite(now, "now")
+        return (yield from _claim("timer", worker, limit, lease, max_attempts, due))
+
+    @operation
+    def peek_work(self, now: float) -> Plan[WorkAhead]:
+        """What a relay could claim at ``now`` (the caller's clock, as `claim_due_timers`
+        takes it), claiming nothing: whether an outbox entry, a spawn and a timer due at
+        ``now`` are claimable, and the soonest timer not due yet. One read, writing nothing
+        (at the primary on an embedded replica: its own copy may lag)."""
+        return _work_ahead((yield fresh("work_ahead", check_finite(now, "now"))))
+
+    @operation
+    def claim_work(
+        self,
+        worker: str,
+        now: float,
+        *,
+        kinds: Iterable[str] = DEAD_KINDS,
+        limit: int = 100,
+        lease: float = 30.0,
+        max_attempts: int | None = None,
+    ) -> Plan[ClaimedWork]:
+        """The claims of `claim_outbox`, `claim_spawns` and `claim_due_timers` (those of
+        ``kinds``: ``"outbox"``, ``"spawn"``, ``"timer"``; each up to ``limit``, timers due
+        at ``now``), and what is left to claim after them (`peek_work`), in one write
+        transaction: one round trip to a server. A relay's round."""
+        due = check_finite(now, "now")
+        seconds = _check_claim(worker, limit, lease, max_attempts)
+        if isinstance(kinds, str):
+            raise TypeError(f"kinds is a collection of kinds, not one string: ({kinds!r},)")
+        asked = set(kinds)
+        wanted = [k for k in DEAD_KINDS if k in asked]
+        if asked - set(DEAD_KINDS) or not wanted:
+            raise ValueError(f"kinds must name some of {', '.join(DEAD_KINDS)}, not {asked}")
+        batch = Batch()
+        steps = {k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due) for k in wanted}
+        ahead = batch.add("work_ahead", due)
+        results = yield batch
+        claimed = {k: _claimed(k, results, step) for k, step in steps.items()}
+        return ClaimedWork(
+            claimed.get("outbox", []),
+            claimed.get("spawn", []),
+            claimed.get("timer", []),
+            _work_ahead(results[ahead]),
+        )
+
+    @operation
+    def ack(self, items: Iterable[RelayItem]) -> Plan[int]:
+        """Consume delivered items, any mix of `OutboxEntry`, `SpawnEntry` and `DueTimer`
+        (live or dead letters, whoever holds them), in one transaction; return how many rows
+        were removed (an item already gone counts 0). A timer goes only while it is still
+        armed at its ``fire_at`` (a re-armed one is spared). TypeError for anything else,
+        nothing written."""
+        return (yield from self._each(items_of(items, "ack"), "ack"))
+
+    @operation
+    def _ack_held(self, worker: str, items: Iterable[RelayItem]) -> Plan[int]:
+        """A relay's own ack: `ack` of the items ``worker`` still holds. One its handler
+        consumed, re-armed or revived, or that another worker claimed since, is spared."""
+        return (yield from self._each(items_of(items, "ack"), "ack_held", worker=worker))
+
+    @operation
+    def ack_outbox(self, seq: int) -> Plan[None]:
+        """Remove a delivered outbox entry (a no-op if it is already gone): `ack` of one."""
+        check_int(seq, "seq")
+        yield from self._each(Items([], [seq] if seq >= 1 else [], [], []), "ack")
+
+    @operation
+    def ack_spawn(self, seq: int) -> Plan[None]:
+        """Remove a spawn intent once its child exists (a no-op if it is already gone)."""
+        check_int(seq, "seq")
+        yield from self._each(Items([], [], [seq] if seq >= 1 else [], []), "ack")
+
+    @operation
+    def delete_timer(self, execution_id: str, path: str, fire_at: float) -> Plan[None]:
+        """Delete a swept timer only if it still fires at ``fire_at`` (a re-arm survives)."""
+        key = (check_id(execution_id, "execution_id"), check_id(path, "path"))
+        timer = (*key, check_finite(fire_at, "fire_at"))
+        yield from self._each(Items([], [], [], [timer]), "ack")
+
+    @operation
+    def fail(
+        self, worker: str, items: Iterable[RelayItem], *, error: str, retry_in: float = 0.0
+    ) -> Plan[int]:
+        """``worker`` could not deliver ``items``: each one it still holds under its lease
+        records ``error`` as its last error (bounded and escaped: see `checks.error_text`)
+        and becomes claimable ``retry_in`` seconds from now (the database's clock; held by
+        nobody meanwhile). Rows it does not hold are left alone. Returns how many rows it
+        updated. The attempt was counted by the claim."""
+        check_id(worker, "worker")
+        checked = items_of(items, "fail")
+        text, delay = error_text(error), check_delay(retry_in, "retry_in")
+        return (yield from self._each(checked, "fail", text, delay, worker=worker))
+
+    @operation
+    def extend(
+        self, worker: str, items: Iterable[RelayItem], *, lease: float
+    ) -> Plan[list[RelayItem]]:
+        """Renew, to ``lease`` seconds from now (the database's clock), the leases of the
+        items ``worker`` still holds; return those items, in the order given (the others
+        it lost: their lease ran out, or they were acked, revived or re-armed)."""
+        check_id(worker, "worker")
+        checked = items_of(items, "extend")
+        seconds = check_timeout(lease, "lease")
+        batch = Batch()
+        steps = add_each(batch, checked, "extend", seconds, worker=worker)
+        if not steps:
+            return []
+        results = yield batch
+        return held_items(checked, steps, results)
+
+    @operation
+    def revive(self, items: Iterable[RelayItem]) -> Plan[int]:
+        """Give items (dead letters or live rows) a fresh start: attempts 0, no claim,
+        claimable at once. Returns how many rows it updated."""
+        checked = items_of(items, "revive")
+        revived = yield from self._each(checked, "revive")
+        self._notify(_kinds(checked))
+        return revived
+
+    @operation
+    def release(self, worker: str, items: Iterable[RelayItem]) -> Plan[int]:
+        """Hand back items ``worker`` claimed and did not handle (a relay stopping): each
+        one it still holds is claimable at once, its claim's attempt given back. Returns how
+        many rows it updated."""
+        check_id(worker, "worker")
+        checked = items_of(items, "release")
+        released = yield from self._each(checked, "release", worker=worker)
+        self._notify(_kinds(checked))
+        return released
+
+    @staticmethod
+    def _each(items: Items, verb: str, *args: Any, worker: str | None = None) -> Plan[int]:
+        """``verb`` of every item in one write (``args`` after each item's key, as
+        `add_each` lays them out); how many rows it changed."""
+        batch = Batch()
+        steps = add_each(batch, items, verb, *args, worker=worker)
+        if not steps:
+            return 0
+        results = yield batch
+        return sum(results[i] for i in steps)
+
+    @operation
+    def attempts_of(self, items: Iterable[RelayItem]) -> Plan[list[int]]:
+        """How many times each item was claimed (0: it is gone, or a timer re-armed since),
+        in the order given; one read. A relay's backoff grows with it."""
+        checked = items_of(items, "attempts_of")
+        if not checked.given:
+            return []
+        timers = json.dumps([[execution_id, path] for execution_id, path, _ in checked.timers])
+        rows = yield statement(
+            "attempts_of", json.dumps(checked.outbox), json.dumps(checked.spawns), timers
+        )
+        return attempts(checked, rows)
+
+    @operation
+    def dead_letters(self, *, kind: str | None = None, limit: int = 100) -> Plan[list[DeadLetter]]:
+        """The first ``limit`` (1..1000) dead letters, in the order they died (oldest
+        first), of one ``kind`` (``"outbox"``, ``"spawn"``, ``"timer"``) or all. A corrupt
+        one is logged and skipped."""
+        if kind is not None and kind not in DEAD_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)} or None, not {kind!r}")
+        rows = yield statement("dead_letters", _page(limit), kind)
+        return decoded(rows, dead_letter, "skipped")
+
+    @operation
+    def dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[DeadLetter | None]:
+        """The dead letter of ``kind`` with ``key`` (an outbox entry's or a spawn's seq, a
+        timer's ``(execution_id, path)``), or None: there is none (gone, or live)."""
+        keyed = _dead_key(kind, key, "dead_outbox_entry", "dead_spawn", "dead_timer")
+        if keyed is None:
+            return None
+        found = yield statement(*keyed)
+        return None if found is None else dead_letter(found)
+
+    @operation
+    def discard_dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[bool]:
+        """Remove the dead letter of ``kind`` with ``key`` (as `dead_letter` names it),
+        whatever it holds: one whose stored event or context is corrupt (which `dead_letter`
+        and `dead_letters` cannot decode) included. True if there was one; a live row with
+        that key is left alone."""
+        keyed = _dead_key(
+            kind, key, "discard_dead_outbox_entry", "discard_dead_spawn", "discard_dead_timer"
+        )
+        if keyed is None:
+            return False
+        batch = Batch()
+        batch.add(*keyed)
+        (removed,) = yield batch
+        return bool(removed)
+
+    @operation
+    def discard_dead_letters(self, *, kind: str | None = None, limit: int = MAX_PAGE) -> Plan[int]:
+        """Remove up to ``limit`` (1..1000) dead letters of each ``kind`` (``"outbox"``,
+        ``"spawn"``, ``"timer"``; None: every kind), whatever they hold, corrupt ones
+        included (every one `stats` counts); return how many. Call again until 0."""
+        if kind is not None and kind not in DEAD_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)} or None, not {kind!r}")
+        rows = _page(limit)
+        batch = Batch()
+        for each, name in _DISCARD_ALL.items():
+            if kind in (None, each):
+                batch.add(name, rows)
+        return sum((yield batch))
+
+    @operation
+    def outbox_view(
+        self, *, target: str | None = None, source: str | None = None, limit: int = 50
+    ) -> Plan[list[PendingOutbox]]:
+        """Up to ``limit`` (1..1000) undelivered outbox entries, oldest first, with their
+        source, time and claim; only those addressed to ``target`` and/or emitted by
+        ``source`` if given. A corrupt entry is logged and skipped."""
+        check_id(target, "target", optional=True)
+        check_id(source, "source", optional=True)
+        _page(limit)
+        if target is None:
+            rows = yield statement("outbox_view", source, limit)
+        else:
+            rows = yield statement("outbox_view_target", target, source, limit)
+        return decoded(rows, _pending_outbox, "skipped")
+
+    @operation
+    def spawns_view(
+        self, *, parent: str | None = None, limit: int = 50
+    ) -> Plan[list[PendingSpawn]]:
+        """Up to ``limit`` (1..1000) pending spawns, oldest first, with their time and claim;
+        only those of ``parent`` if given. A corrupt one is logged and skipped."""
+        check_id(parent, "parent", optional=True)
+        _page(limit)
+        if parent is None:
+            rows = yield statement("spawns_view", limit)
+        else:
+            rows = yield statement("spawns_view_parent", parent, limit)
+        return decoded(rows, _pending_spawn, "skipped")
+
+    @operation
+    def timers_view(
+        self, *, due_before: float | None = None, limit: int = 50
+    ) -> Plan[list[ArmedTimer]]:
+        """Up to ``limit`` (1..1000) armed timers, soonest first, with their claim; only
+        those with ``fire_at < due_before`` if given."""
+        end = ABOVE_ALL if due_before is None else check_finite(due_before, "due_before")
+        rows = yield statement("timers_view", end, _page(limit))
+        return [ArmedTimer(*row) for row in rows]

@@ -390,7 +390,7 @@ class Relay:
         store, worker = self._store, self._o.worker
         done = holding.unconsumed(outcome.done)
         if done:
-            store._run(store._ack_held(worker, done))
+            store._ack_held(worker, done)
         if outcome.failed:
             attempts = store.attempts_of([item for item, _ in outcome.failed])
             for (error, retry), items in _retries(self._o, outcome.failed, attempts).items():
@@ -639,7 +639,7 @@ class AsyncRelay:
         writes: list[Awaitable[Any]] = []
         done = holding.unconsumed(outcome.done)
         if done:
-            writes.append(store._run(Store._ack_held(worker, done)))
+            writes.append(store._ack_held(worker, done))
         if outcome.failed:
             attempts = await store.attempts_of([item for item, _ in outcome.failed])
             for (error, retry), items in _retries(self._o, outcome.failed, attempts).items():

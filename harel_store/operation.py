@@ -1,0 +1,107 @@
+"""One definition per store operation: the sync store runs it, the async twin awaits it.
+
+An operation is written once, as a method of `harel_store.store.Store` that checks its
+arguments and yields its reads and writes (a plan, `harel_store.batch`), with its docstring::
+
+    @operation
+    def load(self, execution_id: str) -> Plan[Execution | None]:
+        \"\"\"The execution stored under ``execution_id``, or None.\"\"\"
+        check_id(execution_id, "execution_id")
+        ...
+
+``store.load(id)`` runs the plan on the store's connection and returns its result. The
+async twin declares ``load = awaitable(Store.load)``, and ``await twin.load(id)`` drives the
+same plan (natively on a remote primary, on a worker thread elsewhere).
+
+Type checkers see each face's real signature: `operation` and `awaitable` are generic over the
+plan's parameters (a ``ParamSpec``) and result, and their ``__get__`` gives ``Callable[P, T]``
+on a store and ``Callable[P, Coroutine[..., T]]`` on the twin. At run time, once the class is
+built, each is replaced by a plain function with the plan's signature (its result unwrapped
+from ``Plan[...]``) and docstring: ``inspect``, ``help()``, the API reference and a call see an
+ordinary method, at the cost of a hand-written one. The plan itself stays reachable as the
+function's ``plan`` (``Store.commit.plan(store, ...)``, to run it inside another plan).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+from harel_store.batch import Plan
+
+P = ParamSpec("P")
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+class operation(Generic[S, P, T]):
+    """A store operation: ``store.name(*args)`` runs ``plan(store, *args)`` on its connection
+    (``store._run``) and returns its result."""
+
+    def __init__(self, plan: Callable[Concatenate[S, P], Plan[T]]) -> None:
+        self.plan = plan
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        plan = self.plan
+
+        def run(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return store._run(plan(store, *args, **kwargs))
+
+        setattr(owner, name, _dressed(run, plan, owner, name, plan.__doc__))
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __get__(self, obj: None, owner: type) -> operation[S, P, T]: ...
+        @overload
+        def __get__(self, obj: object, owner: type | None = None) -> Callable[P, T]: ...
+        def __get__(self, obj: object, owner: type | None = None) -> Any: ...
+
+
+class awaitable(Generic[P, T]):
+    """The async twin's face of an `operation`: ``await twin.name(*args)`` drives
+    ``plan(twin._s, *args)`` (``twin._run``), ``twin._s`` being the sync store it wraps."""
+
+    def __init__(self, op: operation[Any, P, T]) -> None:
+        self.plan = op.plan
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        plan = self.plan
+
+        async def run(twin: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return await twin._run(plan(twin._s, *args, **kwargs))
+
+        setattr(owner, name, _dressed(run, plan, owner, name, f"Async `LibsqlStore.{name}`."))
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __get__(self, obj: None, owner: type) -> awaitable[P, T]: ...
+        @overload
+        def __get__(
+            self, obj: object, owner: type | None = None
+        ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+        def __get__(self, obj: object, owner: type | None = None) -> Any: ...
+
+
+def _dressed(
+    run: Callable[..., Any], plan: Callable[..., Any], owner: type, name: str, doc: str | None
+) -> Callable[..., Any]:
+    """``run`` made to look like the method the plan stands for: its name, docstring and
+    signature, the return annotation ``Plan[T]`` read as ``T``."""
+    signature = inspect.signature(plan)
+    result = signature.return_annotation
+    found = re.fullmatch(r"Plan\[(.*)\]", result) if isinstance(result, str) else None
+    if found is None:
+        raise TypeError(f"{owner.__name__}.{name}: a plan returns Plan[T], not {result!r}")
+    run.__name__ = name
+    run.__qualname__ = f"{owner.__qualname__}.{name}"
+    run.__module__ = owner.__module__
+    run.__doc__ = doc
+    run.__signature__ = signature.replace(return_annotation=found[1])  # type: ignore[attr-defined]
+    run.__annotations__ = {**plan.__annotations__, "return": found[1]}
+    run.__wrapped__ = plan  # type: ignore[attr-defined]  # typing.get_type_hints' globals
+    run.plan = plan  # type: ignore[attr-defined]
+    return run
