@@ -4,8 +4,10 @@ and the demo's suggestions (issue 11)."""
 from __future__ import annotations
 
 import json
-import shlex
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -211,12 +213,44 @@ def test_status_check_fails_on_a_schema_behind_ahead_or_drifted(tmp_path: Path) 
     )
 
 
-def test_every_command_the_demo_suggests_runs(tmp_path: Path) -> None:
-    out = ok(cli("demo", cwd=tmp_path)).splitlines()
+VENV = Path(sys.executable).parent.parent  # this test run's venv (not resolved: a link)
+
+
+@pytest.mark.parametrize(
+    ("typed", "on_path", "program"),
+    [
+        # The quick start: the venv's script, not on the PATH (issue 36).
+        (".venv/bin/harel-store demo", False, ".venv/bin/harel-store"),
+        ("harel-store demo", True, "harel-store"),  # an activated venv
+        ("python -m harel_store demo", True, "python -m harel_store"),
+        (".venv/bin/python -m harel_store demo", False, None),  # this interpreter, by its path
+    ],
+)
+def test_every_command_the_demo_suggests_runs_as_printed(
+    tmp_path: Path, typed: str, on_path: bool, program: str | None
+) -> None:
+    """The demo run as a user types it, in a folder holding the venv; then each suggested
+    line pasted into the same shell, with the same PATH."""
+    (tmp_path / ".venv").symlink_to(VENV)
+    bin_dir = str(VENV / "bin")
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "VIRTUAL_ENV"))}
+    env["PATH"] = os.pathsep.join([bin_dir, *path] if on_path else path)
+
+    def shell(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    out = ok(shell(typed)).splitlines()
     start = next(i for i, line in enumerate(out) if "the demo's database is harel-demo.db" in line)
-    suggested = [shlex.split(line) for line in out[start + 1 :]]
-    assert len(suggested) >= 5 and all(argv[0] == "harel-store" for argv in suggested)
-    for argv in suggested:
-        result = cli(*argv[1:], cwd=tmp_path)
-        assert result.returncode == 0 and not result.stderr.startswith("harel-store: error"), argv
+    suggested = [line.strip() for line in out[start + 1 :]]
+    assert len(suggested) >= 5
+    for line in suggested:
+        result = shell(line)
+        assert result.returncode == 0, (line, result.stderr)
+        assert "error" not in result.stderr, (line, result.stderr)
+    # As short as works: the script as typed, the bare name when it is on the PATH.
+    expected = program or f"{tmp_path / '.venv' / 'bin' / 'python'} -m harel_store"
+    assert all(line.startswith(f"{expected} ") for line in suggested), suggested
     assert "order-" in ok(cli("ls", "--newest", "--url", "harel-demo.db", cwd=tmp_path))
