@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
+import select
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -136,6 +139,117 @@ def test_every_python_block_of_the_page_runs_in_order(page: Path, tmp_path: Path
                     ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
                 )
                 assert cli.returncode == 0 and cli.stdout.strip(), (line, cli.stderr)
+
+
+FENCE = re.compile(r"```(\w+)\n(.*?)```", re.S)
+
+
+def fenced(text: str) -> list[tuple[str, str, str | None]]:
+    """Each fenced block but the ```text ones, in order: (language, body, the ```text block
+    right after it, its output, or None)."""
+    fences = list(FENCE.finditer(text))
+    blocks = []
+    for number, block in enumerate(fences):
+        after = fences[number + 1] if number + 1 < len(fences) else None
+        if block[1] == "text":
+            continue
+        next_to = after is not None and not text[block.end() : after.start()].strip()
+        shown = after[2] if after is not None and next_to and after[1] == "text" else None
+        blocks.append((block[1], block[2], shown))
+    return blocks
+
+
+SESSION = """
+import contextlib, io, json, sys, traceback
+scope = {"__name__": "__main__"}
+replies = sys.stdout
+for number, line in enumerate(sys.stdin):
+    buffer, error = io.StringIO(), None
+    try:
+        with contextlib.redirect_stdout(buffer):
+            exec(compile(json.loads(line), f"block {number + 1}", "exec"), scope)
+    except BaseException:
+        error = traceback.format_exc()
+    print(json.dumps({"printed": buffer.getvalue(), "error": error}), file=replies, flush=True)
+"""
+CHECKOUT = "/path/to/harel-store"  # the tutorial's stand-in for the path of a checkout
+
+
+@pytest.mark.slow
+def test_the_tutorial_runs_as_written_from_an_empty_folder(tmp_path: Path) -> None:
+    """A new user's run (issue 36): from an empty folder, the shell blocks in a shell, each
+    whole (its cd carries on), and the Python blocks in one session of the Python the
+    tutorial starts, all in the page's order, with nothing of this test run's venv on the
+    PATH; the package is installed from this checkout as the page says; a block followed by
+    a ```text block prints exactly that (a shell block: stdout and stderr as a terminal
+    shows them)."""
+    page = (DOCS / "tutorial.md").read_text()
+    ours = str(Path(sys.executable).parent)
+    env = {k: v for k, v in shell_env().items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p and p != ours)
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    errors = tmp_path / "python.stderr"
+    session: subprocess.Popen[str] | None = None
+    stderr = errors.open("w")
+    try:
+        for language, body, shown in fenced(page):
+            if language == "python":
+                assert session is not None, f"a Python block before Python starts: {body}"
+                assert session.stdin is not None and session.stdout is not None
+                session.stdin.write(json.dumps(body) + "\n")
+                session.stdin.flush()
+                ready, _, _ = select.select([session.stdout], [], [], 120)
+                assert ready, f"the block did not finish in 120 s: {body}"
+                reply = json.loads(session.stdout.readline())
+                assert reply["error"] is None, reply["error"]
+                if shown is not None:
+                    assert reply["printed"] == shown
+                continue
+            if language != "sh":
+                continue
+            lines = body.replace(CHECKOUT, shlex.quote(str(ROOT))).splitlines()
+            starts_python = lines[-1] == ".venv/bin/python"  # the session the blocks run in
+            script = "\n".join(lines[:-1] if starts_python else lines)
+            where = tmp_path / "cwd"
+            run = subprocess.run(
+                ["bash", "-e", "-c", f"{script}\npwd > {shlex.quote(str(where))}"],
+                cwd=folder,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=600,
+            )
+            assert run.returncode == 0, (script, run.stdout)
+            folder = Path(where.read_text().strip())
+            if shown is not None:
+                assert run.stdout == shown, script
+            if starts_python:
+                assert session is None
+                session = subprocess.Popen(
+                    [".venv/bin/python", "-c", SESSION],
+                    cwd=folder,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                )
+        assert session is not None and session.stdin is not None
+        session.stdin.close()
+        assert session.wait(timeout=60) == 0, errors.read_text()
+    finally:
+        if session is not None:
+            if session.poll() is None:
+                session.kill()
+            session.wait()
+            for stream in (session.stdin, session.stdout):
+                if stream is not None and not stream.closed:
+                    stream.close()
+        stderr.close()
+    # It ran the package the tutorial installed, not this checkout's.
+    assert (folder / ".venv" / "bin" / "harel-store").is_file()
 
 
 def test_the_async_twin_has_every_method_of_the_sync_store() -> None:
