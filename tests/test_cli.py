@@ -605,7 +605,7 @@ def test_a_corrupt_row_is_purged_unread_with_its_version(db: str) -> None:
     purged = ok(cli("purge", "invoice-1", "--version", "1", "--url", db))
     assert purged == "purged invoice-1 (version 1)\n"
     tree = ok(cli("purge", "order-1.pay", "--tree", "--version", "1", "--url", db))
-    assert tree == "purged 1 executions: order-1.pay\n"
+    assert tree == "purged 1 execution: order-1.pay\n"  # one: singular (issue 36)
     with LibsqlStore(db) as s:
         assert [e.id for e in s.list_executions().items] == ["invoice-2", "order-1", "order-1.ship"]
 

@@ -271,7 +271,8 @@ def purge(args: argparse.Namespace) -> int:
                 raise Failure(f"{args.id} is not at version {version}: nothing purged")
             raise Failure(f"{args.id} is at version {now.version}, not {version}: nothing purged")
     if args.tree:
-        print(f"purged {len(purged)} executions: {', '.join(map(plain, purged))}")
+        executions = "execution" if len(purged) == 1 else "executions"
+        print(f"purged {len(purged)} {executions}: {', '.join(map(plain, purged))}")
     else:
         print(f"purged {plain(args.id)} (version {version})")
     return 0
