@@ -57,6 +57,28 @@ def test_the_readme_is_a_front_door() -> None:
         assert (ROOT / link).is_file(), link
 
 
+# Files a page tells the reader to create, not to open.
+TO_CREATE = {"migrations/versions/0009_what_it_does.py"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_a_page_names_is_there_to_open(page: Path) -> None:
+    """A page sends its reader to files that exist: in docs/ as a link (which mkdocs
+    --strict checks), or in the repository; never to notes nobody has (issue 36: remote.md
+    named DESIGN.md, guarantees.md "the driver notes")."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code is run, not read
+    text = re.sub(r"\[[^\]]*\]\(https?://[^)]*\)", "", text)  # opened by its address
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # links into docs/: checked by the build
+    named = re.finditer(r"(?<![\w./-])(?:[\w.-]+/)*[\w-]+\.(?:md|py|sql|ini|rs|toml|yml)\b", text)
+    missing = [
+        m[0]
+        for m in named
+        if m[0] not in TO_CREATE and not (ROOT / m[0]).exists() and not any(ROOT.rglob(m[0]))
+    ]
+    assert missing == []
+    assert re.search(r"\bnotes\b", text, re.I) is None
+
+
 def fields(cls: type) -> list[str]:
     if isinstance(cls, type) and issubclass(cls, BaseModel):
         return list(cls.model_fields)
