@@ -1,5 +1,6 @@
-"""The relays' queues: what a claim, an ack, a fail, an extend and a revive write, and how
-their rows decode (the queue section of ``sql/queries.sql`` holds the SQL and says why).
+"""The relays' queues: their operations (`Queues`: claims, acks, fails, leases, dead letters
+and the operator's views), what each writes, and how their rows decode (the queue section of
+``sql/queries.sql`` holds the SQL and says why).
 
 An item is what a relay was handed: an `OutboxEntry` or a `SpawnEntry` (by its ``seq``), or
 a `DueTimer` (by its key and ``fire_at``: only as it was claimed, so a re-armed timer is

@@ -1,11 +1,14 @@
-"""The store: the contract methods, over any connection (a local file, a remote primary, a
-replica).
+"""The store: every operation of the contract over one connection (a local file, a remote
+primary, a replica), and the stores a user opens (`LibsqlStore`, `SqliteStore`).
 
-Each method is a *plan* (see `harel_store.batch`): it checks its arguments, yields the reads
-and write batches it needs and decodes their results. A write is one batch that lands whole
-or not at all; the connection decides how it travels. The public methods run their plan on
-the store's connection (``_run``); `AsyncLibsqlStore` runs the same plans natively on a
-remote primary.
+Each operation is a *plan* (see `harel_store.batch`) written once (`harel_store.operation`):
+it checks its arguments, yields the reads and write batches it needs and decodes their
+results. A write is one batch that lands whole or not at all; the connection decides how it
+travels. The operations live by what they touch: `harel_store.executions` (the engine's
+commit, reads, listings, definitions, traces), `harel_store.queues` (the relays' claims, acks,
+leases and dead letters), `harel_store.retention` (what gc removes), over `harel_store.core`
+(the connection and the store's state); `Store` is all of them, plus the operator's `stats`.
+`AsyncLibsqlStore` awaits the same plans.
 """
 
 from __future__ import annotations
