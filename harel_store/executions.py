@@ -503,8 +503,8 @@ class Executions(StoreCore):
             if running:
                 raise StoreError(
                     f"cannot purge the tree of {execution_id!r}: {len(running)} of its "
-                    f"executions {'is' if len(running) == 1 else 'are'} still running ({', '.join(running[:5])}"
-                    f"{', ...' if len(running) > 5 else ''})"
+                    f"executions {'is' if len(running) == 1 else 'are'} still running "
+                    f"({', '.join(running[:5])}{', ...' if len(running) > 5 else ''})"
                 )
             # Every member is deleted under its version CAS, so a tree that moved since it
             # was read conflicts, writes nothing, and is read again.

@@ -41,6 +41,7 @@ class operation(Generic[S, P, T]):
     (``store._run``) and returns its result."""
 
     def __init__(self, plan: Callable[Concatenate[S, P], Plan[T]]) -> None:
+        _result(plan)  # at once: a TypeError in __set_name__ is wrapped on Python < 3.12
         self.plan = plan
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -73,7 +74,8 @@ class awaitable(Generic[P, T]):
         async def run(twin: Any, /, *args: Any, **kwargs: Any) -> Any:
             return await twin._run(plan(twin._s, *args, **kwargs))
 
-        setattr(owner, name, _dressed(run, plan, owner, name, f"Async `LibsqlStore.{name}`."))
+        doc = f"Async version of `LibsqlStore.{name}`."
+        setattr(owner, name, _dressed(run, plan, owner, name, doc))
 
     if TYPE_CHECKING:
 
@@ -91,17 +93,23 @@ def _dressed(
 ) -> Callable[..., Any]:
     """``run`` made to look like the method the plan stands for: its name, docstring and
     signature, the return annotation ``Plan[T]`` read as ``T``."""
-    signature = inspect.signature(plan)
-    result = signature.return_annotation
-    found = re.fullmatch(r"Plan\[(.*)\]", result) if isinstance(result, str) else None
-    if found is None:
-        raise TypeError(f"{owner.__name__}.{name}: a plan returns Plan[T], not {result!r}")
+    result = _result(plan)
     run.__name__ = name
     run.__qualname__ = f"{owner.__qualname__}.{name}"
     run.__module__ = owner.__module__
     run.__doc__ = doc
-    run.__signature__ = signature.replace(return_annotation=found[1])  # type: ignore[attr-defined]
-    run.__annotations__ = {**plan.__annotations__, "return": found[1]}
+    signature = inspect.signature(plan).replace(return_annotation=result)
+    run.__signature__ = signature  # type: ignore[attr-defined]
+    run.__annotations__ = {**plan.__annotations__, "return": result}
     run.__wrapped__ = plan  # type: ignore[attr-defined]  # typing.get_type_hints' globals
     run.plan = plan  # type: ignore[attr-defined]
     return run
+
+
+def _result(plan: Callable[..., Any]) -> str:
+    """What the plan's ``Plan[T]`` return annotation says it returns (``T``, as written)."""
+    result = inspect.signature(plan).return_annotation
+    found = re.fullmatch(r"Plan\[(.*)\]", result) if isinstance(result, str) else None
+    if found is None:
+        raise TypeError(f"{plan.__qualname__}: a plan returns Plan[T], not {result!r}")
+    return found[1]
