@@ -26,10 +26,20 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Callable, Coroutine, Generator
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    get_args,
+    get_origin,
+    overload,
+)
 
-from harel_store.batch import Plan
+from harel_store.batch import Plan, Request
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -106,10 +116,14 @@ def _dressed(
     return run
 
 
-def _result(plan: Callable[..., Any]) -> str:
-    """What the plan's ``Plan[T]`` return annotation says it returns (``T``, as written)."""
+def _result(plan: Callable[..., Any]) -> Any:
+    """What the plan's ``Plan[T]`` return annotation says it returns: ``T`` as written (a
+    string, under ``from __future__ import annotations``), or the type itself."""
     result = inspect.signature(plan).return_annotation
-    found = re.fullmatch(r"Plan\[(.*)\]", result) if isinstance(result, str) else None
-    if found is None:
-        raise TypeError(f"{plan.__qualname__}: a plan returns Plan[T], not {result!r}")
-    return found[1]
+    if isinstance(result, str):
+        found = re.fullmatch(r"Plan\[(.*)\]", result)
+        if found is not None:
+            return found[1]
+    elif get_origin(result) is Generator and get_args(result)[:1] == (Request,):
+        return get_args(result)[-1]
+    raise TypeError(f"{plan.__qualname__}: a plan returns Plan[T], not {result!r}")
