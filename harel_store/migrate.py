@@ -43,6 +43,7 @@ __all__ = [
     "parse_database",
     "refuse_unknown_revision",
     "run_sql",
+    "sql_revision",
     "sqlalchemy_execute",
     "sqlalchemy_url",
     "token_from_env",
@@ -63,6 +64,25 @@ def run_sql(filename: str) -> None:
     script = (SQL_DIR / "migrations" / filename).read_text(encoding="utf-8")
     for statement in split_statements(script):
         op.execute(text(re.sub(r"(?<!\\):", r"\\:", statement)))  # a ':' is never a bind
+
+
+def sql_revision(name: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A revision's ``upgrade`` and ``downgrade``: `run_sql` of ``sql/migrations/<name>.up.sql``
+    and ``<name>.down.sql``. A revision script is its title, its numbers and this:
+
+        revision, down_revision = "0009", "0008"
+        upgrade, downgrade = sql_revision("0009_final_children")
+    """
+
+    def upgrade() -> None:
+        run_sql(f"{name}.up.sql")
+
+    def downgrade() -> None:
+        run_sql(f"{name}.down.sql")
+
+    upgrade.__doc__ = f"Run sql/migrations/{name}.up.sql."
+    downgrade.__doc__ = f"Run sql/migrations/{name}.down.sql."
+    return upgrade, downgrade
 
 
 def alembic_config(database: str) -> Config:

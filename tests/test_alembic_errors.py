@@ -260,12 +260,9 @@ def test_alembic_revision_makes_the_next_numbered_revision_and_its_sql_files(
             sql = (tmp_path / "sql" / "migrations" / f"{name}.{way}.sql").read_text()
             assert sql.startswith(f"-- {name}: {message}\n")
         text = script.read_text()
-        assert (
-            f"revision: str = {rev!r}\n" in text
-            and f"down_revision: str | None = {down!r}\n" in text
-        )
-        assert re.findall(r'run_sql\("([^"]+)"\)', text) == [f"{name}.up.sql", f"{name}.down.sql"]
-        assert text.startswith(f'"""{message}\n')
+        assert f'revision, down_revision = "{rev}", "{down}"\n' in text
+        assert re.findall(r'sql_revision\("([^"]+)"\)', text) == [name]
+        assert text.startswith(f'"""{message}"""\n')
         expected.append(rev)
     # The chain loads: one line from 0001 to the new head, every .sql file named once.
     scripts = scripts_of(ini)
@@ -278,7 +275,8 @@ def test_alembic_revision_makes_the_next_numbered_revision_and_its_sql_files(
         n
         for s in chain
         if s.path
-        for n in re.findall(r'run_sql\("([^"]+)"\)', Path(s.path).read_text())
+        for named in re.findall(r'sql_revision\("([^"]+)"\)', Path(s.path).read_text())
+        for n in (f"{named}.up.sql", f"{named}.down.sql")
     ]
     assert sorted(named) == sorted(p.name for p in (tmp_path / "sql" / "migrations").iterdir())
     history = run([sys.executable, "-m", "alembic", "-c", str(ini), "history"], cwd=tmp_path)

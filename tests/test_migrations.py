@@ -53,7 +53,8 @@ def test_every_sql_migration_is_named_by_exactly_one_revision() -> None:
     named: list[str] = []
     for rev in revisions:
         assert rev.path is not None
-        named += re.findall(r'run_sql\("([^"]+)"\)', Path(rev.path).read_text())
+        for name in re.findall(r'sql_revision\("([^"]+)"\)', Path(rev.path).read_text()):
+            named += [f"{name}.up.sql", f"{name}.down.sql"]
     files = sorted(p.name for p in (SQL_DIR / "migrations").iterdir())
     assert sorted(named) == files, "each .sql migration is used exactly once"
     for m in MIGRATIONS:

@@ -126,6 +126,7 @@ def test_the_api_reference_shows_each_face_as_the_method_it_is() -> None:
     ``Plan[T]`` and the twin's operations are attributes; docs/operations.py (the extension
     mkdocs.yml loads) shows both as the methods they are at run time."""
     import griffe
+
     extension = griffe.load_extensions(f"{ROOT / 'docs' / 'operations.py'}:Operations")
     package = griffe.load("harel_store", search_paths=[str(ROOT)], extensions=extension)
     sync = package["store.Store"].all_members["claim_outbox"]
