@@ -139,8 +139,8 @@ def meets(value: float, target: str) -> bool | None:
     return value >= float(bound) if op == ">=" else value <= float(bound)
 
 
-def _line(row: dict[str, Any], width: int) -> str:
-    line = f"  {row['label']:<{width}}  {row['shown']}"
+def _line(row: dict[str, Any], width: int, shown: int = 0) -> str:
+    line = f"  {row['label']:<{width}}  {row['shown']:<{shown}}"
     if row["target"]:
         line += f"  target {row['target']}  {'ok' if row['met'] else 'MISSED'}"
     return line.rstrip()
@@ -190,9 +190,10 @@ class Report:
         for title in dict.fromkeys(row["section"] for row in self.rows):
             rows = [row for row in self.rows if row["section"] == title]
             width = max(len(row["label"]) for row in rows)
+            shown = max(len(row["shown"]) for row in rows)
             print(f"\n{title}")
             for row in rows:
-                print(_line(row, width))
+                print(_line(row, width, shown))
         seconds = round(time.time() - self.started, 1)
         meta = {
             "module": self.name,
