@@ -68,6 +68,16 @@ def best(samples: list[float]) -> float:
     return min(samples)
 
 
+def alternate(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """What each run returns (its time), over ``rounds`` rounds: the runs take turns, in
+    reverse order every other round, so that neither always goes first."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        for name in list(runs)[:: 1 if r % 2 == 0 else -1]:
+            times[name].append(runs[name]())
+    return times
+
+
 def median_call(fn: Callable[[], object], calls: int, warm: int = 20) -> float:
     """The median seconds of ``calls`` calls of ``fn``, after ``warm`` (at most ``calls``)."""
     for _ in range(min(warm, calls)):
@@ -132,17 +142,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 def meets(value: float, target: str) -> bool | None:
-    """Whether ``value`` meets a target such as ">= 8" or "<= 2" (None: no target)."""
-    if not target:
+    """Whether ``value`` meets a target such as ">= 8" or "<= 2" (None: no such target)."""
+    op, _, bound = target.partition(" ")
+    if op not in ("<=", ">="):
         return None
-    op, bound = target.split()
     return value >= float(bound) if op == ">=" else value <= float(bound)
 
 
 def _line(row: dict[str, Any], width: int, shown: int = 0) -> str:
     line = f"  {row['label']:<{width}}  {row['shown']:<{shown}}"
     if row["target"]:
-        line += f"  target {row['target']}  {'ok' if row['met'] else 'MISSED'}"
+        line += f"  target {row['target']}"
+        line += "" if row["met"] is None else "  ok" if row["met"] else "  MISSED"
     return line.rstrip()
 
 
