@@ -78,10 +78,10 @@ POOL = 100  # executions the commits cycle through
 STEP = {"state": "main.wait", "event": "tick"}  # the trace step of every benchmark commit
 
 
-def executions() -> list[Execution]:
+def executions(prefix: str = "exe") -> list[Execution]:
     return [
         Execution(
-            id=f"exe-{i:05d}",
+            id=f"{prefix}-{i:05d}",
             definition_id="order",
             active_path="main.wait",
             context={"order": i, "customer": f"c-{i}", "items": [1, 2, 3], "note": "x" * 40},
