@@ -4,56 +4,34 @@
     python -m benchmarks.retention --quick    # 50k finished executions (well under a minute)
     python -m benchmarks.retention --smoke    # 10k, every section once: that it works
 
-The dataset is seeded with bulk SQL (stdlib sqlite3, recursive CTEs) on a file the store
-migrated to head: N finished roots, each as a commit leaves it (a row with every column, its
-Execution JSON, a 10-step trace, one dedupe marker, one timer), and N/10 running executions
-(10 trace steps, a timer and 5 markers each) that must survive. Every row was last updated
-about two days ago, in an order unrelated to the ids (as with random ids: each batch
-deletes entries on leaves all over every b-tree it writes: the executions' table and its
-nine indexes, the trace, the markers, the timers and their index). Each measurement runs on its
-own copy of the seeded file through ``LibsqlStore(path)`` (local file, WAL, synchronous
-FULL, the default); counts are checked with sqlite3 once every libsql connection is closed.
+The dataset, seeded with bulk SQL on a file the store migrated to head: N finished roots,
+each as a commit leaves it (every column, its JSON, a 10-step trace, one dedupe marker, one
+timer), and N/10 running executions (10 trace steps, a timer, 5 markers) that must survive;
+every row last updated about two days ago, in an order unrelated to the ids (as with random
+ids: a batch deletes on leaves all over every b-tree it writes). Each measurement runs on a
+copy of it through ``LibsqlStore(path)`` (WAL, synchronous FULL); counts are checked with
+sqlite3 once every libsql connection is closed. Measured:
 
-Measured:
+- gc rate: ``purge_finished(before, limit=1000)`` until 0, executions/s (the whole drain's
+  wall time), then ``forget_processed(before)`` until 0, markers/s; the same at limit=250,
+  capped in time (8 s quick, 45 s full), and (information) at limit=1000 on a dataset whose
+  ids sort as their update times (the best case);
+- where the time goes: before the capped drains, 5 batches of purge_finished's statements
+  on stdlib sqlite3, WAL never checkpointed: WAL pages per purged execution, ms per batch of
+  each statement and of a checkpoint of those pages;
+- the longest write transaction of a gc batch: the max and p99 of the calls (an upper bound)
+  and of ``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned, timed by wrapping the store's
+  connection methods on the instance, with each statement's share;
+- a concurrent writer: another process (``--writer``) making a typical commit every ~2 ms on
+  its own executions: its p99 commit latency during a gc pass at limit=1000 over without gc;
+- the file's size before gc, after gc (checkpointed) and after VACUUM;
+- WAL pages per typical commit before / after the marker time (migration 0007), on bare
+  sqlite3 as ``benchmarks.run`` counts them: 0001..0006 + 0008 with the old marker insert,
+  against ``schema.sql`` with ``mark_processed`` + ``note_marker``; an execution's first
+  marker (``markers_since`` set) on its own, as information.
 
-- **gc rate**: ``purge_finished(before, limit=1000)`` (the default) called until 0:
-  executions removed per second (wall time of the whole drain, the final call that returns
-  0 included). Then ``forget_processed(before)`` (limit 10000) until 0 on the running
-  executions' markers: markers removed per second. The same at limit=250 on another copy,
-  drained or stopped after a time cap (8 s quick, 45 s full: the rate of the oldest part;
-  the rows are spread evenly, so it stands for the whole).
-- **where the time goes**: before that limit=250 drain, 5 batches of purge_finished's own
-  statements (queries.sql) on stdlib sqlite3, FULL, WAL never checkpointed: WAL pages
-  written per purged execution and ms per batch of each statement and of a checkpoint of
-  those pages (what an automatic checkpoint adds to some later commit).
-- **ids in update order** (information): the same profile and a limit=1000 drain (capped as
-  above) on a second dataset whose ids sort as their update times (ids made from the time),
-  so a batch deletes neighbouring rows of every b-tree: the best case.
-- **longest write transaction of a gc batch**: each call is one read (``finished_trees``) and
-  one write transaction. The max and p99 of the *call* times are an upper bound of the write
-  transaction; the transaction itself (``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned:
-  the time the write lock is held, fsync included) is also timed by wrapping the store's
-  connection methods on the instance, with the time of each statement (where the time goes).
-- **a concurrent writer**: another process (this module with ``--writer``) opens its own
-  ``LibsqlStore`` on the same file and makes typical commits (a CAS update, an outbox entry,
-  a marker, a timer, a trace step) on its own running executions, one every ~2 ms, timing
-  each. Its p99 commit latency for a fixed time without gc (baseline, same run), then
-  during a gc pass at limit=1000 (capped: 8 s quick, 30 s full): the ratio.
-- **file size** (MB) before gc, after gc (WAL checkpointed into the file) and after VACUUM
-  (stdlib sqlite3, every libsql connection closed).
-- **WAL pages per typical commit** before / after the marker time (migration 0007), on bare
-  sqlite3 connections as ``benchmarks.run`` measures them: before = migrations 0001..0006
-  in order (the previous head), then 0008 (the trace's ``recorded_at`` column, which the
-  trace insert of queries.sql writes), with the old marker insert and no ``note_marker``; after =
-  ``sql/schema.sql`` (head) with ``mark_processed`` + ``note_marker``. A typical commit is
-  one of an execution that has markers already; the commit that records an execution's
-  FIRST marker (``markers_since`` NULL -> a time: an entry in ``harel_executions_markers``)
-  is reported on its own, as information.
-
-Prints a table (figure, value, target, met) and writes JSON to
-``benchmarks/results/retention-<timestamp>.json`` (``--smoke``: not written, its figures mean
-nothing). Not a test: absolute times depend on the machine and its load (the file sits in the
-page cache: the machine's RAM holds it).
+Prints a table and writes JSON to ``benchmarks/results/retention-<timestamp>.json`` (not in a
+smoke run). Not a test: absolute times depend on the machine (the file sits in its page cache).
 """
 
 from __future__ import annotations
@@ -92,7 +70,6 @@ from harel_store.errors import StoreBusy
 from harel_store.sql import QUERIES
 from harel_store.store import COMPANIONS, Store
 
-FINAL = ("finished", "failed", "cancelled")
 TRACE_STEPS = 10  # trace rows of every seeded execution
 RUNNING_MARKERS = 5  # old markers of every seeded running execution
 AGE = 2 * 86400.0  # the seeded rows were last updated about this long ago
@@ -215,43 +192,31 @@ def copy(source: Path, target: Path) -> None:
         os.fsync(f.fileno())
 
 
+COUNTS = {  # what table_counts counts: FROM ...
+    "final": "harel_executions WHERE status IN ('finished', 'failed', 'cancelled')",
+    "running": "harel_executions WHERE status = 'running'",
+    "seeded_running": "harel_executions WHERE status = 'running' AND id LIKE 'exe-%'",
+    "trace": "harel_trace",
+    "seeded_trace": "harel_trace WHERE execution_id LIKE 'exe-%'",
+    "markers": "harel_processed_events",
+    "seeded_markers": "harel_processed_events WHERE execution_id LIKE 'exe-%'",
+    "timers": "harel_timers",
+    "seeded_timers": "harel_timers WHERE execution_id LIKE 'exe-%'",
+    "seeded_markers_since": "harel_executions WHERE markers_since IS NOT NULL AND id LIKE 'exe-%'",
+}
+ORPHANS = " + ".join(
+    f"(SELECT COUNT(*) FROM {table} WHERE execution_id NOT IN (SELECT id FROM harel_executions))"
+    for table in ("harel_trace", "harel_processed_events", "harel_timers")
+)
+
+
 def table_counts(path: Path) -> dict[str, int]:
     """What the file holds (stdlib sqlite3: call it only with no libsql connection open)."""
-    conn = sqlite3.connect(path)
-    try:
-        one: Callable[[str], int] = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
-        final = ", ".join(f"'{s}'" for s in FINAL)
-        return {
-            "final": one(f"SELECT COUNT(*) FROM harel_executions WHERE status IN ({final})"),
-            "running": one("SELECT COUNT(*) FROM harel_executions WHERE status = 'running'"),
-            "seeded_running": one(
-                "SELECT COUNT(*) FROM harel_executions WHERE status = 'running' AND id LIKE 'exe-%'"
-            ),
-            "trace": one("SELECT COUNT(*) FROM harel_trace"),
-            "seeded_trace": one("SELECT COUNT(*) FROM harel_trace WHERE execution_id LIKE 'exe-%'"),
-            "markers": one("SELECT COUNT(*) FROM harel_processed_events"),
-            "seeded_markers": one(
-                "SELECT COUNT(*) FROM harel_processed_events WHERE execution_id LIKE 'exe-%'"
-            ),
-            "timers": one("SELECT COUNT(*) FROM harel_timers"),
-            "seeded_timers": one(
-                "SELECT COUNT(*) FROM harel_timers WHERE execution_id LIKE 'exe-%'"
-            ),
-            "seeded_markers_since": one(
-                "SELECT COUNT(*) FROM harel_executions"
-                " WHERE markers_since IS NOT NULL AND id LIKE 'exe-%'"
-            ),
-            "orphans": one(
-                "SELECT (SELECT COUNT(*) FROM harel_trace WHERE execution_id NOT IN"
-                " (SELECT id FROM harel_executions))"
-                " + (SELECT COUNT(*) FROM harel_processed_events WHERE execution_id NOT IN"
-                " (SELECT id FROM harel_executions))"
-                " + (SELECT COUNT(*) FROM harel_timers WHERE execution_id NOT IN"
-                " (SELECT id FROM harel_executions))"
-            ),
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        counts = {
+            k: conn.execute(f"SELECT COUNT(*) FROM {v}").fetchone()[0] for k, v in COUNTS.items()
         }
-    finally:
-        conn.close()
+        return counts | {"orphans": conn.execute(f"SELECT {ORPHANS}").fetchone()[0]}
 
 
 def checkpoint(path: Path) -> float:
@@ -368,8 +333,9 @@ def drain(timed: Timed, call: Callable[[], int], deadline: float | None = None) 
 
 
 def add_drain(
-    report: Report, tag: str, what: str, d: Drain, rate_target: str = "", **raw: Any
+    report: Report, tag: str, what: str, d: Drain, rate_target: str = "", rows: bool = True
 ) -> None:
+    """The drain's rate; with ``rows``, its longest and p99 calls and write transactions."""
     report.add(
         f"{tag} {what}/s",  # removed per second, calls until 0 (wall time)
         d.rate,
@@ -379,10 +345,12 @@ def add_drain(
         seconds=round(d.seconds, 3),
         calls=len(d.calls),
         time_by_statement=d.shares,
-        **raw,
+        drained=d.finished,
+        longest_call_ms=round(max(d.calls) * 1e3, 3),
+        longest_tx_ms=round(max(d.transactions) * 1e3, 3),
     )
-    for name, samples in (("call", d.calls), ("write tx", d.transactions)):  # a call's time
-        p99 = quantile(samples, 0.99) * 1e3  # is an upper bound of its write transaction's
+    for name, samples in (("call", d.calls), ("write tx", d.transactions)) if rows else ():
+        p99 = quantile(samples, 0.99) * 1e3  # a call's: an upper bound of its write tx's
         target = "<= 20" if what == "executions" else ""
         median = round(quantile(samples, 0.5) * 1e3, 3)
         report.add(
@@ -460,10 +428,6 @@ def writer(database: Path) -> Iterator[Callable[[], dict[str, Any]]]:
         if proc.poll() is None and not result:
             proc.kill()  # only on failure: it is this function's child
             proc.wait()
-
-
-def window(samples: list[list[float]], start: float, end: float) -> list[float]:
-    return [latency for at, latency in samples if start <= at < end]
 
 
 # --- the sections ---
@@ -592,7 +556,7 @@ def bench_drain(
     purged = drain(timed, lambda: store.purge_finished(before, limit=limit), deadline)
     store.close()
     tag = f"purge_finished limit={limit}{tag}"
-    add_drain(report, tag, "executions", purged, target, drained=purged.finished)
+    add_drain(report, tag, "executions", purged, target)
     left = n - raw["removed"] - purged.removed
     assert not purged.finished or left == 0, left
     after = table_counts(db)
@@ -623,41 +587,17 @@ def bench_concurrent(
         g1 = time.monotonic()
         out = stop()
         store.close()
-    samples = out["samples"]
-    without, during = window(samples, b0, b1), window(samples, g0, g1)
-    p99_without, p99_during = quantile(without, 0.99), quantile(during, 0.99)
-    report.add(
-        "writer p99 commit during gc / without",
-        p99_during / p99_without,
-        "<= 3",
-        unit="ratio",
-        p99_without_ms=round(p99_without * 1e3, 3),
-        p99_during_ms=round(p99_during * 1e3, 3),
-        median_without_ms=round(quantile(without, 0.5) * 1e3, 3),
-        median_during_ms=round(quantile(during, 0.5) * 1e3, 3),
-        max_without_ms=round(max(without) * 1e3, 3),
-        max_during_ms=round(max(during) * 1e3, 3),
-        commits_without=len(without),
-        commits_during=len(during),
-        seconds_without=round(b1 - b0, 2),
-        seconds_during=round(g1 - g0, 2),
-        store_busy=out["busy"],
-    )
-    report.add("writer p99 commit ms without gc", p99_without * 1e3, unit="ms")
-    report.add("writer p99 commit ms during gc", p99_during * 1e3, unit="ms")
-    report.add("writer max commit ms during gc", max(during) * 1e3, unit="ms")
-    report.add(
-        "purge_finished limit=1000 with writer executions/s",
-        purged.rate,
-        unit="exec/s",
-        removed=purged.removed,
-        seconds=round(purged.seconds, 3),
-        drained=purged.finished,
-        longest_call_ms=round(max(purged.calls) * 1e3, 3),
-        longest_tx_ms=round(max(purged.transactions) * 1e3, 3),
-        p99_call_ms=round(quantile(purged.calls, 0.99) * 1e3, 3),
-        time_by_statement=purged.shares,
-    )
+    ms: dict[str, dict[str, float]] = {}  # the writer's commits, without gc and during it
+    for label, (start, end) in (("without", (b0, b1)), ("during", (g0, g1))):
+        times = [latency for at, latency in out["samples"] if start <= at < end]
+        ms[label] = {"commits": len(times), "seconds": round(end - start, 2)}
+        ms[label] |= {f"p{q}": round(quantile(times, q / 100) * 1e3, 3) for q in (50, 99, 100)}
+    ratio = ms["during"]["p99"] / ms["without"]["p99"]
+    report.add("writer p99 commit during gc / without", ratio, "<= 3", unit="ratio", **ms)
+    report.add("writer p99 commit ms without gc", ms["without"]["p99"], unit="ms", busy=out["busy"])
+    report.add("writer p99 commit ms during gc", ms["during"]["p99"], unit="ms")
+    report.add("writer max commit ms during gc", ms["during"]["p100"], unit="ms")
+    add_drain(report, "purge_finished limit=1000 with writer", "executions", purged, rows=False)
     after = table_counts(db)
     assert after["seeded_running"] == n // 10 and after["running"] == n // 10 + POOL, after
     left = n - purged.removed
