@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import inspect
 import json
 import os
 import select
@@ -542,8 +543,10 @@ def seed_events(
     return seqs
 
 
-def versions(store: Store) -> int:
-    return sum(s.version for s in store.list_executions(definition_id=TARGET_DEF, limit=1000).items)
+async def versions(store: Any) -> int:
+    """The targets' versions, summed (a sync or an async store)."""
+    page = await maybe(store.list_executions(definition_id=TARGET_DEF, limit=1000))
+    return sum(s.version for s in page.items)
 
 
 def deliver(
@@ -551,7 +554,7 @@ def deliver(
 ) -> Delivery:
     """Drain the outbox in this process with the handler `shape`; `check` (a store not
     behind the proxy) reads the targets' versions and what is left."""
-    before = versions(check)
+    before = asyncio.run(versions(check))
     seqs: Counter[int] = Counter()
     claims = calls = 0
     with clocked(proxy) as took:
@@ -560,7 +563,7 @@ def deliver(
             for entry in entries:
                 seqs[entry.seq] += 1
                 calls += SHAPES[shape](store, entry)
-    left, bumps = len(check.pending_outbox()), versions(check) - before
+    left, bumps = len(check.pending_outbox()), asyncio.run(versions(check)) - before
     return delivery(
         shape,
         seeded,
@@ -759,44 +762,30 @@ def async_handler(store: AsyncLibsqlStore, seen: Seen) -> Callable[[OutboxEntry]
     return handle
 
 
-def relay_delivery(shape: str, seeded: list[int], seen: Seen, rounds: int, **rest: Any) -> Delivery:
-    """A relay's drain as a `Delivery`: a claim a round (the last one empty), an ack a round
-    that handled something, and the handlers' calls."""
-    calls = rounds + (rounds - 1) + seen.calls
-    return delivery(shape, seeded, seen.seqs, claims=rounds, calls=calls, **rest)
-
-
-def drive_relay(store: Store, seeded: list[int]) -> Delivery:
-    """`Relay.run_once` in this thread until a round handles nothing."""
+async def drive(shape: str, store: Any, seeded: list[int], proxy: Proxy | None = None) -> Delivery:
+    """`Relay.run_once` (a sync store), or `AsyncRelay.run_once` on this loop, until a round
+    handles nothing; the checks go through the same store, outside the timed part and the
+    requests counted."""
     seen = Seen()
-    relay = Relay(store, "relay", on_outbox=relay_handler(store, seen), batch=LIMIT)
-    before, rounds = versions(store), 1
-    with clocked() as took:
-        while relay.run_once():
-            rounds += 1
-    left, bumps = len(store.pending_outbox()), versions(store) - before
-    return relay_delivery("Relay", seeded, seen, rounds, left=left, bumps=bumps, **took)
-
-
-async def aversions(store: AsyncLibsqlStore) -> int:
-    page = await store.list_executions(definition_id=TARGET_DEF, limit=1000)
-    return sum(s.version for s in page.items)
-
-
-async def drive_async_relay(
-    store: AsyncLibsqlStore, seeded: list[int], proxy: Proxy | None = None
-) -> Delivery:
-    """`AsyncRelay.run_once` on this loop until a round handles nothing; the checks go
-    through the same store, outside the timed part and the requests counted."""
-    seen = Seen()
-    handler = async_handler(store, seen)
-    relay = AsyncRelay(store, "arelay", on_outbox=handler, batch=LIMIT, concurrency=CONCURRENCY)
-    before, rounds = await aversions(store), 1
+    if shape == "Relay":
+        relay: Any = Relay(store, "relay", on_outbox=relay_handler(store, seen), batch=LIMIT)
+    else:
+        handler = async_handler(store, seen)
+        relay = AsyncRelay(store, "arelay", on_outbox=handler, batch=LIMIT, concurrency=CONCURRENCY)
+    before, rounds = await versions(store), 1
     with clocked(proxy) as took:
-        while await relay.run_once():
+        while await maybe(relay.run_once()):
             rounds += 1
-    left, bumps = len(await store.pending_outbox()), await aversions(store) - before
-    return relay_delivery(ASYNC_RELAY, seeded, seen, rounds, left=left, bumps=bumps, **took)
+    left, bumps = len(await maybe(store.pending_outbox())), await versions(store) - before
+    calls = rounds + (rounds - 1) + seen.calls  # a claim a round, an ack a round that handled
+    return delivery(
+        shape, seeded, seen.seqs, claims=rounds, calls=calls, left=left, bumps=bumps, **took
+    )
+
+
+async def maybe(result: Any) -> Any:
+    """A sync store's result, or an async store's awaited."""
+    return await result if inspect.isawaitable(result) else result
 
 
 def report_relay_checks(report: Report, where: str, runs: list[Delivery]) -> None:
@@ -826,12 +815,12 @@ def relay_file_run(path: Path, shape: str, n: int) -> Delivery:
         if shape in SHAPES:
             run = deliver(store, shape, seeded, store)
         elif shape == "Relay":
-            run = drive_relay(store, seeded)
+            run = asyncio.run(drive("Relay", store, seeded))
     if shape == ASYNC_RELAY:  # the seeding store closed: the async one's is the only one
 
         async def drain() -> Delivery:
             async with await AsyncLibsqlStore.create(path, synchronous="FULL") as store:
-                return await drive_async_relay(store, seeded)
+                return await drive(ASYNC_RELAY, store, seeded)
 
         run = asyncio.run(drain())
     path.unlink()
@@ -891,7 +880,7 @@ def bench_relay_remote(report: Report, plan: Plan, on: Served) -> None:
     async def drain() -> Delivery:
         options = {"auth_token": srv.token, "timeout": TIMEOUT}
         async with await AsyncLibsqlStore.create(link.url, **options) as store:
-            return await drive_async_relay(store, seeded, link)
+            return await drive(ASYNC_RELAY, store, seeded, link)
 
     arelay = asyncio.run(drain())
     runs = [by_hand, arelay]
@@ -919,16 +908,10 @@ class Wakeups:
     left: int  # entries in the outbox afterwards
 
 
-def wake_executions() -> tuple[Execution, Execution]:
-    return (
-        Execution(id="wake-target", definition_id=TARGET_DEF),
-        Execution(id="wake-source", definition_id="relay-bench-source"),
-    )
-
-
-def relay_wakeups(path: Path, n: int) -> Wakeups:
-    """`Relay.run` (poll=WAKE_POLL) in a thread; this thread commits one emit at a time and
-    waits for its handler to start, then pauses."""
+async def wakeups(kind: str, path: Path, n: int) -> Wakeups:
+    """An idle relay (poll=WAKE_POLL): `Relay.run` in a thread, or `AsyncRelay.run` as a task
+    of this loop sharing its store; this loop commits one emit at a time and waits for its
+    handler to start, then pauses."""
     starts: dict[str, float] = {}
     delivered: Counter[str] = Counter()
     arrived = threading.Event()
@@ -938,71 +921,40 @@ def relay_wakeups(path: Path, n: int) -> Wakeups:
         delivered[entry.event.id] += 1
         arrived.set()
 
-    seconds, commits = [], []
-    with LibsqlStore(path, synchronous="FULL") as store:
-        target, source = wake_executions()
-        store.commit(target, [])
-        store.commit(source, [])
-        relay = Relay(store, "waker", on_outbox=handle, poll=WAKE_POLL)
-        thread = threading.Thread(target=relay.run, name="bench-relay", daemon=True)
-        thread.start()
-        try:
-            for i in range(n):
-                time.sleep(WAKE_PAUSE)  # the relay idle in its poll
-                arrived.clear()
-                event = Event(name="n", id=f"wake-{i}")
-                t0 = time.perf_counter()
-                store.commit(source, [(target.id, event)])
-                commits.append(time.perf_counter() - t0)
-                if not arrived.wait(WAKE_POLL + 10):
-                    raise RuntimeError(f"the relay never handled {event.id}")
-                seconds.append(starts[event.id] - t0)
-        finally:
-            relay.stop()
-            thread.join(30)
-        if thread.is_alive():
-            raise RuntimeError("Relay.run did not return after stop()")
-        left = len(store.pending_outbox())
-    return Wakeups("Relay", n, seconds, commits, delivered, left)
-
-
-async def async_relay_wakeups(path: Path, n: int) -> Wakeups:
-    """`AsyncRelay.run` (poll=WAKE_POLL) as a task of this loop; another task commits one
-    emit at a time through the same store and waits for its handler to start."""
-    starts: dict[str, float] = {}
-    delivered: Counter[str] = Counter()
-    arrived = asyncio.Event()
-
-    async def handle(entry: OutboxEntry) -> None:
-        starts.setdefault(entry.event.id, time.perf_counter())
-        delivered[entry.event.id] += 1
-        arrived.set()
+    async def ahandle(entry: OutboxEntry) -> None:
+        handle(entry)
 
     seconds, commits = [], []
-    async with await AsyncLibsqlStore.create(path, synchronous="FULL") as store:
-        target, source = wake_executions()
-        await store.commit(target, [])
-        await store.commit(source, [])
-        relay = AsyncRelay(store, "awaker", on_outbox=handle, poll=WAKE_POLL)
-        running = asyncio.ensure_future(relay.run())
-        try:
-            for i in range(n):
-                await asyncio.sleep(WAKE_PAUSE)
-                arrived.clear()
-                event = Event(name="n", id=f"wake-{i}")
-                t0 = time.perf_counter()
-                await store.commit(source, [(target.id, event)])
-                commits.append(time.perf_counter() - t0)
-                try:
-                    await asyncio.wait_for(arrived.wait(), WAKE_POLL + 10)
-                except asyncio.TimeoutError:
-                    raise RuntimeError(f"the relay never handled {event.id}") from None
-                seconds.append(starts[event.id] - t0)
-        finally:
-            relay.stop()
-            await asyncio.wait_for(running, 30)
-        left = len(await store.pending_outbox())
-    return Wakeups("AsyncRelay", n, seconds, commits, delivered, left)
+    target = Execution(id="wake-target", definition_id=TARGET_DEF)
+    source = Execution(id="wake-source", definition_id="relay-bench-source")
+    store: Any
+    if kind == "Relay":
+        store = LibsqlStore(path, synchronous="FULL")
+        relay: Any = Relay(store, "waker", on_outbox=handle, poll=WAKE_POLL)
+        running: Any = asyncio.create_task(asyncio.to_thread(relay.run))
+    else:
+        store = await AsyncLibsqlStore.create(path, synchronous="FULL")
+        relay = AsyncRelay(store, "awaker", on_outbox=ahandle, poll=WAKE_POLL)
+        running = asyncio.create_task(relay.run())
+    try:
+        await maybe(store.commit(target, []))
+        await maybe(store.commit(source, []))
+        for i in range(n):
+            await asyncio.sleep(WAKE_PAUSE)  # the relay idle in its poll
+            arrived.clear()
+            event = Event(name="n", id=f"wake-{i}")
+            t0 = time.perf_counter()
+            await maybe(store.commit(source, [(target.id, event)]))
+            commits.append(time.perf_counter() - t0)
+            if not await asyncio.to_thread(arrived.wait, WAKE_POLL + 10):
+                raise RuntimeError(f"the relay never handled {event.id}")
+            seconds.append(starts[event.id] - t0)
+    finally:
+        relay.stop()
+        await asyncio.wait_for(running, 30)  # run() returns after stop(), or this times out
+        left = len(await maybe(store.pending_outbox()))
+        await maybe(store.close())
+    return Wakeups(kind, n, seconds, commits, delivered, left)
 
 
 def bench_wakeup(report: Report, plan: Plan, tmp: Path) -> None:
@@ -1012,8 +964,7 @@ def bench_wakeup(report: Report, plan: Plan, tmp: Path) -> None:
         f" file (FULL): {n} commits of one emit, {WAKE_PAUSE * 1e3:g} ms apart"
     )
     runs = [
-        relay_wakeups(tmp / "wake.db", n),
-        asyncio.run(async_relay_wakeups(tmp / "wake-async.db", n)),
+        asyncio.run(wakeups(kind, tmp / f"wake-{kind}.db", n)) for kind in ("Relay", "AsyncRelay")
     ]
     bad = 0
     for w, target in zip(runs, ("<= 20", ""), strict=True):
