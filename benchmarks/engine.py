@@ -274,7 +274,7 @@ def main() -> None:
             run = f"{where}/{relay}"
             if ns.only and ns.only != run:
                 continue
-            figures = []
+            figures: list[dict[str, float]] = []
             for label, code in codes:
                 print(f"{run}: {label}", flush=True)
                 at = tmp / f"{where}-{relay}-{len(figures)}"

@@ -652,6 +652,7 @@ def timed_claim(store: Store, kind: str, max_attempts: int | None, first: float)
     the attempt it counted), so that the next call finds the same backlog."""
     t0 = time.perf_counter()
     got: list[Any]
+    head: float | None
     if kind == "claim_outbox":
         got = store.claim_outbox("w", limit=LIMIT, max_attempts=max_attempts)
         head = got[0].seq if got else None
@@ -674,7 +675,7 @@ def claimers(path: Path, dead: int) -> Iterator[dict[str, Callable[[], float]]]:
             letters = store.dead_letters(kind=kind, limit=3)
             assert len(letters) == min(3, dead), (kind, letters)
             assert not dead or letters[0].attempts == MAX_ATTEMPTS, letters[0]
-        calls = {}
+        calls: dict[str, Callable[[], float]] = {}
         for attempts in (None, MAX_ATTEMPTS):
             suffix = "" if attempts is None else f", max_attempts={attempts}"
             for kind, first in (("claim_outbox", dead + 1), ("claim_due_timers", 1001.0)):
@@ -878,8 +879,8 @@ def bench_relay_remote(report: Report, plan: Plan, on: Served) -> None:
         seeded = seed_events(direct, targets, "arelay", n, "relay-source")
 
     async def drain() -> Delivery:
-        options = {"auth_token": srv.token, "timeout": TIMEOUT}
-        async with await AsyncLibsqlStore.create(link.url, **options) as store:
+        store = await AsyncLibsqlStore.create(link.url, auth_token=srv.token, timeout=TIMEOUT)
+        async with store:
             return await drive(ASYNC_RELAY, store, seeded, link)
 
     arelay = asyncio.run(drain())
@@ -1014,8 +1015,8 @@ def bench_idle(report: Report, plan: Plan, tmp: Path) -> None:
         for name in ("claim_outbox", "claim_spawns", "claim_due_timers"):
             # An instance attribute over the method, to count what the relay asks for.
             setattr(store, name, counting(claims, name, getattr(store, name)))
-        handlers = {f"on_{kind}": called.append for kind in ("outbox", "spawn", "timer")}
-        relay = Relay(store, "idler", poll=IDLE_POLL, **handlers)
+        on = called.append
+        relay = Relay(store, "idler", on_outbox=on, on_spawn=on, on_timer=on, poll=IDLE_POLL)
         cpu = time.process_time()
         time.sleep(seconds)
         idle = time.process_time() - cpu

@@ -201,7 +201,7 @@ def lag_rows(
     for label, (run, most) in runs.items():
         p99, worst = spread(run.delays)
         shown = f"p99 {p99:6.3f} ms {p99 / idle[0]:4.1f}x, max {worst:6.3f} ms"
-        extra = {}
+        extra: dict[str, Any] = {}
         if commits:
             extra["commit_ms"] = ms = run.tasks * run.seconds / run.commits * 1e3
             shown += f" {worst / idle[1]:4.1f}x; a commit {ms:.2f} ms"
@@ -623,7 +623,7 @@ async def replica_syncing(
     async def before() -> None:
         await asyncio.to_thread(conn.sync)
 
-    runs = {}
+    runs: dict[str, Run] = {}
     try:
         for label, store, sync in (
             (SYNCING, rep, rep.sync),

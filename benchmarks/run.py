@@ -254,7 +254,7 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
                 s, f = best(times["store"]), best(times["floor"])
                 per_commit[tag] = s
                 target = "<= 1.15" if tag.split("/", 1)[1].startswith("file/NORMAL") else ""
-                us = {"store_us": round(s * 1e6, 1), "floor_us": round(f * 1e6, 1)}
+                us: dict[str, Any] = {"store_us": round(s * 1e6, 1), "floor_us": round(f * 1e6, 1)}
                 report.add(f"commit {tag}", s / f, target, commits=m, **us)
     for tag in per_commit:  # LibsqlStore time / SqliteStore time per commit
         if tag.startswith("libsql/file"):
@@ -473,7 +473,7 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
     ids = [f"exe-{(i * 7919) % n:08d}" for i in range(iterations)]
     it = iter(ids * 40)
     out["load_for_event"] = median_call(lambda: store.load_for_event(next(it), "ev-1"), iterations)
-    conn = store._conn.db  # type: ignore[attr-defined]
+    conn = store._conn.db
     sql = "SELECT data FROM harel_executions WHERE id = ?"
     it2 = iter(ids * 40)
     out["bare pk select"] = median_call(
@@ -511,7 +511,7 @@ def bench_reads(
                     us={str(k): round(v[figure] * 1e6, 1) for k, v in lat.items()},
                 )
         store, bare = lat[large]["load_for_event"], lat[large]["bare pk select"]
-        us = {"store": round(store * 1e6, 1), "bare": round(bare * 1e6, 1)}
+        us: dict[str, Any] = {"store": round(store * 1e6, 1), "bare": round(bare * 1e6, 1)}
         report.add(
             f"{driver} load_for_event / bare pk select @{large // 1000}k", store / bare, **us
         )
@@ -557,7 +557,7 @@ def bench_async(report: Report, tmp: Path, n: int) -> None:
     for tasks in (1, 16):
         took, lags = asyncio.run(_async_run(tmp / f"async-{tasks}.db", n, tasks))
         idle = max(asyncio.run(ticked(asyncio.sleep(max(0.5, took * n)))))
-        us = {"async_us": round(took * 1e6, 1), "sync_us": round(sync_t * 1e6, 1)}
+        us: dict[str, Any] = {"async_us": round(took * 1e6, 1), "sync_us": round(sync_t * 1e6, 1)}
         report.add(f"async commit time / sync, {tasks} task(s)", took / sync_t, **us)
         report.add(
             f"async loop lag max / idle loop lag max, {tasks} task(s)",  # a 1 ms ticker's
