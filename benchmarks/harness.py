@@ -219,11 +219,12 @@ class Report:
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
         }
+        text = json.dumps({"meta": meta, "rows": self.rows}, indent=2) + "\n"  # a smoke run too
         written = "JSON not written"
         if self.mode != "smoke":
             out = RESULTS / f"{self.name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
             RESULTS.mkdir(exist_ok=True)
-            out.write_text(json.dumps({"meta": meta, "rows": self.rows}, indent=2) + "\n")
+            out.write_text(text)
             written = str(out.relative_to(ROOT))
         print(f"\n{self.mode} run{self.detail}, {written} ({seconds} s)")
 
