@@ -48,6 +48,7 @@ from typing import Any
 
 from benchmarks.harness import (
     ROOT,
+    Child,
     Report,
     Served,
     archive,
@@ -129,40 +130,24 @@ def topology(name: str, tmp: Path, code: Path) -> Iterator[Topology]:
 
 
 @contextlib.contextmanager
-def workers(where: Topology, relay: str, log: Path) -> Iterator[list[subprocess.Popen[str]]]:
+def workers(where: Topology, relay: str, log: Path) -> Iterator[list[Child]]:
     """The worker processes, ready; stopped (stdin closed) and their logs written at the end
     (what they log, a relay's failures, beside it: ``*.stderr``)."""
     args = ["--async"] if relay == "async" else []
     with log.with_suffix(".stderr").open("a") as errors:
+        command = [sys.executable, str(WORKER), "worker", where.url]
         procs = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER), "worker", where.url, f"w{i}", str(log), *args],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                text=True,
-                env=where.env,
-                cwd=where.cwd,
-            )
+            Child([*command, f"w{i}", str(log), *args], stderr=errors, env=where.env, cwd=where.cwd)
             for i in range(WORKERS)
         ]
         try:
             for proc in procs:
-                assert proc.stdout is not None
-                if (line := proc.stdout.readline()) != "ready\n":
+                if (line := proc.line()) != "ready":
                     raise RuntimeError(f"a worker did not start: {line!r}")
             yield procs
         finally:
             for proc in procs:
-                assert proc.stdin is not None
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
-            for proc in procs:
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                proc.close()
 
 
 def submit(where: Topology, prefix: str, log: Path, orders: int, concurrency: int) -> float:
@@ -234,7 +219,7 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
             if link and on is not None:
                 figures["requests an order"] = (on.link.requests() - before) / throughput_n
             time.sleep(1.5)  # the last reminders fire; then idle
-            pids = [p.pid for p in procs]
+            pids = [p.proc.pid for p in procs]
             server = on.srv.pid if on is not None else None
             start = {pid: cpu_seconds(pid) for pid in [*pids, *([server] if server else [])]}
             began = time.monotonic()

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import select
 import sqlite3
 import statistics
 import subprocess
@@ -358,11 +359,44 @@ def archive(revision: str, into: Path) -> Path:
     return into
 
 
-def child(module: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
-    """``python -m benchmarks.<module> ARGS`` from the repository root, text pipes to it."""
-    pipe = subprocess.PIPE
-    command = [sys.executable, "-m", f"benchmarks.{module}", *args]
-    return subprocess.Popen(command, cwd=ROOT, stdin=pipe, stdout=pipe, text=True, **popen)
+def module(name: str, *args: str) -> list[str]:
+    """The command of ``python -m benchmarks.<name> ARGS``."""
+    return [sys.executable, "-m", f"benchmarks.{name}", *args]
+
+
+class Child:
+    """A helper process (from the repository root, unless ``cwd`` says otherwise) that talks
+    in lines over its stdin and stdout."""
+
+    def __init__(self, command: list[str], **popen: Any) -> None:
+        pipe = subprocess.PIPE
+        popen = {"cwd": ROOT} | popen
+        self.proc = subprocess.Popen(command, stdin=pipe, stdout=pipe, text=True, **popen)
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def line(self, timeout: float = 60.0) -> str:
+        """Its next line (without the newline); an error if none comes within ``timeout``."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not (line := self.proc.stdout.readline() if ready else ""):
+            raise RuntimeError(f"{self.proc.args!r} said nothing in {timeout:g} s")
+        return line.rstrip("\n")
+
+    def close(self, timeout: float = 60.0) -> str:
+        """Close its stdin (it exits then), wait for it (killed after ``timeout`` seconds): what
+        it wrote meanwhile; an error if it failed."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        if self.proc.returncode > 0:
+            raise RuntimeError(f"{self.proc.args!r} failed (exit {self.proc.returncode})")
+        return out or ""
 
 
 if __name__ == "__main__":

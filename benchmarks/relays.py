@@ -46,10 +46,8 @@ import functools
 import inspect
 import json
 import os
-import select
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,13 +60,14 @@ from typing import Any
 
 from benchmarks.harness import (
     TIMEOUT,
+    Child,
     Proxy,
     Report,
     Served,
-    child,
     client,
     meets,
     mode,
+    module,
     parser,
     quantile,
     served,
@@ -235,27 +234,12 @@ class Drain:
         return sent / self.entries
 
 
-def _send(proc: subprocess.Popen[str], line: str) -> None:
-    assert proc.stdin is not None
-    proc.stdin.write(line + "\n")
-    proc.stdin.flush()
-
-
-def _read(proc: subprocess.Popen[str], timeout: float) -> str:
-    # One line a step and nothing written ahead of it: the pipe's buffer is empty here.
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not (line := proc.stdout.readline() if ready else ""):
-        raise RuntimeError(f"a worker did not answer in {timeout:g} s (exit {proc.poll()})")
-    return line
-
-
 class Pool:
     """Worker processes (``--worker``), started once for the run (a drain of k workers
     uses the first k), so that no drain waits for interpreters to start."""
 
     def __init__(self, size: int) -> None:
-        self.procs = [child("relays", "--worker") for _ in range(size)]
+        self.procs = [Child(module("relays", "--worker")) for _ in range(size)]
 
     def drain(
         self,
@@ -274,15 +258,15 @@ class Pool:
         procs = self.procs[:workers]
         job = {"database": database, "token": token, "synchronous": synchronous}
         for i, proc in enumerate(procs):
-            _send(proc, json.dumps(job | {"name": f"w{i}", "batched": batched}))
+            proc.send(json.dumps(job | {"name": f"w{i}", "batched": batched}))
         for proc in procs:
-            if _read(proc, 60).strip() != "ready":
+            if proc.line() != "ready":
                 raise RuntimeError("a worker did not open its store")
         before = proxy.requests() if proxy else 0
         started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on Linux
         for proc in procs:
-            _send(proc, "go")
-        outs = [json.loads(_read(proc, 600)) for proc in procs]
+            proc.send("go")
+        outs = [json.loads(proc.line(600)) for proc in procs]
         counts = Counter(seq for out in outs for seq in out["seqs"])
         return Drain(
             workers=workers,
@@ -302,17 +286,7 @@ class Pool:
 
     def close(self) -> None:
         for proc in self.procs:
-            with contextlib.suppress(OSError):
-                assert proc.stdin is not None
-                proc.stdin.close()  # the worker exits
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            assert proc.stdout is not None
-            proc.stdout.close()
+            proc.close(10)
 
 
 def local_db(path: Path) -> sqlite3.Connection:

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Report, child, mode, parser, quantile
+from benchmarks.harness import Child, Report, mode, module, parser, quantile
 from benchmarks.run import (
     MARKS,
     POOL,
@@ -408,26 +408,12 @@ def writer_main(database: Path, interval: float) -> None:
 def writer(database: Path) -> Iterator[Callable[[], dict[str, Any]]]:
     """A writer process on ``database``, measuring once it yields; call what it yields to
     stop it and get its samples."""
-    proc = child("retention", "--writer", str(database), str(WRITER_INTERVAL))
-    assert proc.stdin is not None and proc.stdout is not None
-    result: dict[str, Any] = {}
-
-    def stop() -> dict[str, Any]:
-        if not result:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.close()
-            result.update(json.loads(proc.stdout.read()))
-            assert proc.wait(timeout=60) == 0
-        return result
-
+    proc = Child(module("retention", "--writer", str(database), str(WRITER_INTERVAL)))
     try:
-        line = proc.stdout.readline()
-        assert line.strip() == "ready", line
-        yield stop
+        assert proc.line() == "ready"
+        yield lambda: dict(json.loads(proc.close()))
     finally:
-        if proc.poll() is None and not result:
-            proc.kill()  # only on failure: it is this function's child
-            proc.wait()
+        proc.close(0)  # only on failure is it still running
 
 
 # --- the sections ---

@@ -26,7 +26,6 @@ import os
 import resource
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,12 +38,13 @@ os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's 
 import libsql
 
 from benchmarks.harness import (
-    ROOT,
+    Child,
     Report,
     alternate,
     best,
     median_call,
     mode,
+    module,
     parser,
     quantile,
     ticked,
@@ -594,14 +594,8 @@ def bench_memory(report: Report, paths: dict[int, Path]) -> None:
     report.section("memory: peak RSS of the same run over each dataset")
     rss = {}
     for n, path in paths.items():
-        out = subprocess.run(
-            [sys.executable, "-m", "benchmarks.run", "--rss-child", str(path), str(n)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        rss[n] = int(out.stdout.split()[-1])
+        out = Child(module("run", "--rss-child", str(path), str(n))).close(600)
+        rss[n] = int(out.split()[-1])
     small, large = min(rss), max(rss)
     mib = {str(k): round(v / 1024, 1) for k, v in rss.items()}
     report.add(
