@@ -14,7 +14,7 @@ its timeout; the submitter waits for it (`wait_for`; an older store: `load` ever
 millisecond). Two worker processes run a relay each (`Relay`, or `AsyncRelay`) at its
 defaults (``poll`` 1 s), with handlers that let a StoreConflict escape (two reports at once).
 
-On each of: a local file; sqld on loopback; sqld behind the 20 ms link of `benchmarks.remote`
+On each of: a local file; sqld on loopback; sqld behind the 20 ms link of `benchmarks.harness`
 (each request held 20 ms, each change notification 10 ms), with `Relay` and with
 `AsyncRelay`:
 
@@ -29,7 +29,7 @@ On each of: a local file; sqld on loopback; sqld behind the 20 ms link of `bench
 
 With ``--against REV`` each topology runs again on that revision's code (`git archive`),
 the figures side by side. Prints a table (targets of the issue beside the figures) and
-writes JSON to ``benchmarks/results/engine-<timestamp>.json`` (``--smoke``: not written).
+writes JSON to ``benchmarks/results/engine-<timestamp>.json`` (not in a smoke run).
 """
 
 from __future__ import annotations

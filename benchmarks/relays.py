@@ -34,7 +34,8 @@ across.
 
 No file is open in two SQLite libraries at once in one process (closing the second one
 unlinks the first one's WAL): a drain's or claim-cost file is seeded with stdlib ``sqlite3``
-here and opened with libsql only once that is closed (a drain's: by the workers).
+here and opened with libsql only once that is closed (a drain's: by the workers). Prints a
+table and writes JSON to ``benchmarks/results/relays-<timestamp>.json`` (not in a smoke run).
 """
 
 from __future__ import annotations
