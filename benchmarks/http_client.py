@@ -12,34 +12,21 @@ sequentially (sync and async), then from 16 tasks at once (async). CPU is this p
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-
-if __package__ in (None, ""):  # `python benchmarks/http_client.py` as well as `-m ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from benchmarks.harness import TIMEOUT, parser
 from harel_store.connection.http import AsyncClient, Client
 from tests.sqld import SqldServer
 
 PATH = "/v3/pipeline"
-BODY = json.dumps(
-    {
-        "baton": None,
-        "requests": [
-            {"type": "execute", "stmt": {"sql": "SELECT 1", "args": [], "want_rows": True}},
-            {"type": "close"},
-        ],
-    }
-).encode()
+SELECT = {"type": "execute", "stmt": {"sql": "SELECT 1", "args": [], "want_rows": True}}
+BODY = json.dumps({"baton": None, "requests": [SELECT, {"type": "close"}]}).encode()
 HEADERS = {"Content-Type": "application/json"}
-TIMEOUT = 10.0
 WARMUP = 100
 TASKS = 16
 SMOKE = 2 * TASKS  # requests a run in --smoke: each of the 16 tasks sends some
@@ -75,7 +62,6 @@ async def measure_async(
 
 def run(url: str, n: int) -> dict[str, tuple[float, float]]:
     results: dict[str, tuple[float, float]] = {}
-
     with httpx.Client(headers=HEADERS, timeout=TIMEOUT) as hx:
 
         def hx_post() -> tuple[int, bytes]:
@@ -83,7 +69,6 @@ def run(url: str, n: int) -> dict[str, tuple[float, float]]:
             return r.status_code, r.content
 
         results["httpx sync"] = measure_sync(hx_post, n)
-
     ours = Client(url, headers=HEADERS, timeout=TIMEOUT, ssl_context=None)
 
     def our_post() -> tuple[int, bytes]:
@@ -102,7 +87,6 @@ def run(url: str, n: int) -> dict[str, tuple[float, float]]:
 
             results["httpx async"] = await measure_async(ahx_post, n, 1)
             results[f"httpx async x{TASKS}"] = await measure_async(ahx_post, n, TASKS)
-
         aours = AsyncClient(url, headers=HEADERS, timeout=TIMEOUT, ssl_context=None)
 
         async def aour_post() -> tuple[int, bytes]:
@@ -118,19 +102,15 @@ def run(url: str, n: int) -> dict[str, tuple[float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=2000, help="requests per run (default 2000)")
-    parser.add_argument(
-        "--smoke", action="store_true", help=f"-n {SMOKE}: every run once, the figures meaningless"
-    )
-    args = parser.parse_args()
-    if args.smoke:
-        args.n = SMOKE
-    if args.n < TASKS:
-        parser.error(f"-n must be at least {TASKS} (the tasks of the concurrent runs)")
+    args = parser(__doc__, quick=None)
+    args.add_argument("-n", type=int, default=2000, help="requests per run (default 2000)")
+    ns = args.parse_args()
+    n = SMOKE if ns.smoke else ns.n
+    if n < TASKS:
+        args.error(f"-n must be at least {TASKS} (the tasks of the concurrent runs)")
     with SqldServer() as server:  # started on entry
-        results = run(server.url, args.n)
-    print(f"{args.n} requests of SELECT 1 per run; per request:\n")
+        results = run(server.url, n)
+    print(f"{n} requests of SELECT 1 per run; per request:\n")
     print(f"{'client':<20} {'CPU ms':>8} {'wall ms':>8}")
     for name, (cpu, wall) in results.items():
         print(f"{name:<20} {cpu * 1e3:>8.3f} {wall * 1e3:>8.3f}")

@@ -17,15 +17,13 @@ figure says nothing.
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import ROOT, archive, parser
 
 COMMITS = """
 import os, sys
@@ -45,6 +43,7 @@ for i in range(n):
     store.commit(exe, [(exe.id, events[i])], processed_event_id=f"in-{i}", timers=timers[i],
                  trace={"state": "a"} if trace else None)
 """
+ROWS = [(driver, trace) for driver in ("sqlite", "libsql") for trace in ("trace", "no-trace")]
 
 
 def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
@@ -59,39 +58,28 @@ def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
     return int(totals[1])
 
 
-COMMITS_RUNS = (100, 400)  # commits of the two runs a figure is the difference of
-ROWS = [(driver, trace) for driver in ("sqlite", "libsql") for trace in ("trace", "no-trace")]
-
-
-def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int] = COMMITS_RUNS) -> float:
+def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int]) -> float:
+    """Instructions of the larger run less the smaller one's, a commit."""
     fewer, more = runs
-    return (instructions(tree, driver, trace, more) - instructions(tree, driver, trace, fewer)) / (
-        more - fewer
-    )
+    count = [instructions(tree, driver, trace, commits) for commits in runs]
+    return (count[1] - count[0]) / (more - fewer)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", metavar="REV", help="the revision to compare (HEAD~1)")
-    parser.add_argument(
-        "--smoke", action="store_true", help="sqlite no-trace, 10 and 40 commits, against HEAD"
-    )
-    args = parser.parse_args()
-    against = args.against or ("HEAD" if args.smoke else "HEAD~1")
-    runs, rows = ((10, 40), [("sqlite", "no-trace")]) if args.smoke else (COMMITS_RUNS, ROWS)
+    args = parser(__doc__, quick=None)
+    args.add_argument("--against", metavar="REV", help="the revision to compare (HEAD~1)")
+    ns = args.parse_args()
+    against = ns.against or ("HEAD" if ns.smoke else "HEAD~1")
+    runs, rows = ((10, 40), [("sqlite", "no-trace")]) if ns.smoke else ((100, 400), ROWS)
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(
-            ["git", "archive", against], cwd=ROOT, check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        old_tree = archive(against, Path(tmp))
         print(f"instructions per commit, in memory: this tree / {against}")
         for driver, trace in rows:
             new = per_commit(ROOT, driver, trace, runs)
-            old = per_commit(Path(tmp), driver, trace, runs)
+            old = per_commit(old_tree, driver, trace, runs)
             label = f"{driver} {trace}"
             print(f"  {label:<16} {new:>9,.0f} / {old:>9,.0f} = {new / old:.3f}", flush=True)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RUST_LOG", "off")
     main()

@@ -6,13 +6,10 @@ replica, on a link with a round-trip delay. Not a test: the figures depend on th
     python -m benchmarks.remote --smoke          # every section once, tiny: that it works
     python -m benchmarks.remote --delay-ms 50    # another link (default: 20 ms a request)
 
-It starts its own sqld (``tests.sqld``, token auth on) and two proxies in front of it, each a
-process of its own (``--proxy PORT``: libsql holds the GIL through its network calls). A proxy
-forwards bytes untouched and counts the HTTP/1.x requests sent; the *link* proxy holds each
-chunk that starts a request for ``--delay-ms`` (a round trip on a slow network), and each
-event of a change notifications stream (a ``GET``) for half that; the *counting* proxy does
-not. Replicas sync through a proxy too. Measured (a commit: the CAS update, one emit, the
-dedupe marker, one timer and one trace step):
+It starts its own sqld (token auth on) and two proxies in front of it (``benchmarks.harness``):
+the *link* proxy holds each request ``--delay-ms``, the *counting* proxy does not; both
+count the requests. Replicas sync through a proxy too. Measured (a commit: the CAS update, one
+emit, the dedupe marker, one timer and one trace step):
 
 1. requests per operation (counting proxy), of the store remote and as a replica, and of a
    bare ``libsql`` connection (the driver the store used before) as the baseline;
@@ -36,26 +33,18 @@ dedupe marker, one timer and one trace step):
 6. whether sqld wedges: 100k commits (``--quick``: 5k; ``--wedge N``) from 32 tasks of one
    store on loopback (a wedge shows as a write that times out).
 
-Prints a table and writes it as JSON to ``benchmarks/results/remote-<timestamp>.json``
-(``--smoke``: not written, its figures mean nothing). A store error ends the run, naming the
-section (a request times out after 10 s).
+Prints a table and writes JSON to ``benchmarks/results/remote-<timestamp>.json`` (not in a
+smoke run). A store error ends the run, naming the section (a request times out after 10 s).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
-import importlib.metadata
 import json
 import os
-import platform
-import re
 import selectors
-import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -65,12 +54,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python benchmarks/remote.py` as well as `-m benchmarks.remote`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's log quiet
 import libsql
 
+from benchmarks.harness import (
+    TIMEOUT,
+    Proxy,
+    Report,
+    bare_request,
+    client,
+    medians,
+    mode,
+    parser,
+    quantile,
+    served,
+    ticked,
+)
 from harel_store import (
     AsyncLibsqlStore,
     Event,
@@ -80,120 +79,16 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
-from harel_store.connection import http
 from harel_store.connection.hrana import GROUP_MAX
 from harel_store.sql import QUERIES
 from harel_store.store import DEFAULT_TRACE_MAX, Store
-from tests.sqld import SQLD_VERSION, SqldServer
-
-ROOT = Path(__file__).resolve().parent.parent
-REQUEST_LINE = re.compile(rb"(?:^|\r\n)[A-Z]+ \S+ HTTP/1\.[01]\r\n")
-TIMEOUT = 10.0  # seconds a request may take
-TICK = 0.001
-
-
-def run_proxy(target_port: int, delay_ms: float) -> None:
-    """The proxy process: print its port, then its request count for each line read on
-    stdin; exit when stdin closes (the benchmark is done, or died)."""
-    requests = [0]
-
-    async def pump(
-        src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool, stream: list[bool]
-    ) -> None:
-        with contextlib.suppress(OSError):  # a reset ends the connection, as EOF does
-            while data := await src.read(65536):
-                if client and (n := len(REQUEST_LINE.findall(data))):
-                    requests[0] += n  # before it is forwarded: exact once the answer is back
-                    stream[0] = data.startswith(b"GET ")  # change notifications: a stream
-                    await asyncio.sleep(delay_ms / 1e3)  # what follows waits behind it
-                elif stream[0]:  # a stream's event crosses the link one way: half a trip
-                    await asyncio.sleep(delay_ms / 2e3)
-                dst.write(data)
-                await dst.drain()
-
-    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        try:
-            server_r, server_w = await asyncio.open_connection("127.0.0.1", target_port)
-        except OSError:  # sqld is down: say so at once
-            client_w.close()
-            return
-        stream = [False]
-        pumps = {
-            asyncio.create_task(pump(client_r, server_w, True, stream)),
-            asyncio.create_task(pump(server_r, client_w, False, stream)),
-        }
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)  # HTTP: no half-close
-        client_w.close()
-        server_w.close()
-        for task in pumps:
-            task.cancel()
-
-    def answer() -> None:
-        for _ in sys.stdin:
-            print(requests[0], flush=True)
-        os._exit(0)
-
-    async def main() -> None:
-        server = await asyncio.start_server(serve, "127.0.0.1", 0, backlog=512)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        threading.Thread(target=answer, daemon=True).start()
-        await server.serve_forever()
-
-    asyncio.run(main())
-
-
-class Proxy:
-    """A proxy process in front of a local port: its URL and its request count."""
-
-    def __init__(self, target_port: int, delay_ms: float) -> None:
-        self.delay_ms = delay_ms
-        args = ["-m", "benchmarks.remote", "--proxy", str(target_port), "--delay-ms", str(delay_ms)]
-        pipe = subprocess.PIPE
-        self.proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdin=pipe, stdout=pipe)
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._in, self._out = self.proc.stdin, self.proc.stdout
-        self.url = f"http://127.0.0.1:{int(self._out.readline())}"
-
-    def requests(self) -> int:
-        self._in.write(b"\n")
-        self._in.flush()
-        return int(self._out.readline())
-
-    def close(self) -> None:
-        self._in.close()  # the proxy exits
-        self.proc.wait(timeout=5)
-        self._out.close()
-
-
-class Report:
-    """The rows of the table, by section; each row is also written to the JSON as is."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.section = ""
-
-    def add(self, name: str, shown: str, target: str = "", met: object = None, **data: Any) -> None:
-        row = {"section": self.section, "label": name, "shown": shown}
-        self.rows.append(row | ({"target": target, "met": met} if target else {}) | data)
-
-    def print(self) -> None:
-        for title in dict.fromkeys(row["section"] for row in self.rows):
-            rows = [row for row in self.rows if row["section"] == title]
-            label = max(len(row["label"]) for row in rows)
-            shown = max(len(row["shown"]) for row in rows)
-            print(f"\n{title}")
-            for row in rows:
-                line = f"  {row['label']:<{label}}  {row['shown']:<{shown}}"
-                if "target" in row:
-                    line += f"  target {row['target']}  {'ok' if row['met'] else 'MISSED'}"
-                print(line.rstrip())
+from tests.sqld import SqldServer
 
 
 @contextlib.contextmanager
 def section(report: Report, title: str, srv: SqldServer) -> Iterator[None]:
     """Rows added within belong to `title`; an error ends the run, naming the section."""
-    report.section = title
-    print(title, flush=True)
+    report.section(title)
     try:
         yield
     except Exception as exc:
@@ -284,56 +179,34 @@ def reopen(path: Path, url: str, token: str) -> None:
     conn.close()
 
 
-def bare_request(client: http.Client) -> Callable[[], object]:
-    """One ``POST /v3/pipeline`` of ``SELECT 1`` (and the stream's close): one round trip."""
-    select = {"type": "execute", "stmt": {"sql": "SELECT 1", "want_rows": True}}
-    body = json.dumps({"baton": None, "requests": [select, {"type": "close"}]}).encode()
-
-    def request() -> None:
-        if (status := client.post("/v3/pipeline", body).status) != 200:
-            raise RuntimeError(f"a bare request got HTTP {status}")
-
-    return request
-
-
-def medians(ops: dict[str, tuple[Callable[[], object], int]], rounds: int = 5) -> dict[str, float]:
-    """The median seconds of a call of each op (fn, calls), the ops interleaved in rounds so
-    that a drift of the machine weighs on all of them alike."""
-    samples: dict[str, list[float]] = {label: [] for label in ops}
-    for fn, _ in ops.values():
-        fn()  # warm
-    for _ in range(rounds):
-        for label, (fn, calls) in ops.items():
-            for _ in range(max(1, calls // rounds)):
-                start = time.perf_counter()
-                fn()
-                samples[label].append(time.perf_counter() - start)
-    return {label: statistics.median(times) for label, times in samples.items()}
-
-
-async def ticked(work: Awaitable[object]) -> list[float]:
-    """Await work while a task sleeps TICK in a loop: how late each of its wake-ups was."""
-    delays: list[float] = []
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        while not done.is_set():
-            start = time.perf_counter()
-            await asyncio.sleep(TICK)
-            delays.append(time.perf_counter() - start - TICK)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await work
-    finally:
-        done.set()
-        await task
-    return delays
-
-
 def spread(delays: list[float]) -> tuple[float, float]:
     """p99 and max, in ms."""
-    return statistics.quantiles(delays, n=100, method="inclusive")[98] * 1e3, max(delays) * 1e3
+    return quantile(delays, 0.99) * 1e3, max(delays) * 1e3
+
+
+async def idle_lag(report: Report, seconds: float) -> tuple[float, float]:
+    """The ticker's delays on this loop with nothing else to do: p99 and max, in ms."""
+    idle = spread(await ticked(asyncio.sleep(seconds)))
+    report.add("idle", f"p99 {idle[0]:6.3f} ms, max {idle[1]:6.3f} ms", p99_ms=idle[0])
+    return idle
+
+
+def lag_rows(
+    report: Report,
+    idle: tuple[float, float],
+    runs: dict[str, tuple[Run, int]],
+    commits: bool = True,
+) -> None:
+    """Each run's lag against idle (a target: its p99 at most that many times idle's)."""
+    for label, (run, most) in runs.items():
+        p99, worst = spread(run.delays)
+        shown = f"p99 {p99:6.3f} ms {p99 / idle[0]:4.1f}x, max {worst:6.3f} ms"
+        extra: dict[str, Any] = {}
+        if commits:
+            extra["commit_ms"] = ms = run.tasks * run.seconds / run.commits * 1e3
+            shown += f" {worst / idle[1]:4.1f}x; a commit {ms:.2f} ms"
+        target = f"p99 <= {most}x idle" if most else ""
+        report.add(label, shown, target, p99 <= most * idle[0], p99_ms=p99, max_ms=worst, **extra)
 
 
 @dataclass
@@ -388,9 +261,11 @@ class Plan:
     wedge: int  # commits of section 6
 
 
-QUICK = Plan(counts=10, calls=40, run_s=1.5, cpu_calls=500, wedge=5_000)
-FULL = Plan(counts=20, calls=120, run_s=4.0, cpu_calls=2_000, wedge=100_000)
-SMOKE = Plan(counts=1, calls=5, run_s=0.4, cpu_calls=20, wedge=200)
+PLANS = {
+    "quick": Plan(counts=10, calls=40, run_s=1.5, cpu_calls=500, wedge=5_000),
+    "full": Plan(counts=20, calls=120, run_s=4.0, cpu_calls=2_000, wedge=100_000),
+    "smoke": Plan(counts=1, calls=5, run_s=0.4, cpu_calls=20, wedge=200),
+}
 BARE = "one bare request (POST /v3/pipeline, SELECT 1)"
 MOST = {BARE: 1, "remote: commit": 1, "remote: load": 1, "remote: load_for_event": 1}
 MOST |= {"replica: commit + next load_for_event": 3, "replica: load": 0}
@@ -412,12 +287,10 @@ def operations(
     conn_before = libsql.connect(str(tmp / f"{ids}-before.db"), sync_url=url, auth_token=token)
     stack.callback(conn_before.close)
     conn_before.sync()
-    auth = {"Authorization": f"Bearer {token}"}
-    client = http.Client(url, headers=auth, timeout=TIMEOUT, ssl_context=None)
-    stack.callback(client.close)
+    http = stack.enter_context(contextlib.closing(client(url, token)))
     committer(remote, f"{ids}r")()  # the row the reads find
     return {
-        BARE: bare_request(client),
+        BARE: bare_request(http),
         "remote: commit": committer(remote, f"{ids}r"),
         "remote: load": lambda: remote.load(f"{ids}r"),
         "remote: load_for_event": lambda: remote.load_for_event(f"{ids}r", "x"),
@@ -692,8 +565,7 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
         )
 
     with section(report, "4. Event-loop lag: a 1 ms ticker's delay, p99 and max / idle", srv):
-        idle = spread(await ticked(asyncio.sleep(plan.run_s / 4)))
-        report.add("idle", f"p99 {idle[0]:6.3f} ms, max {idle[1]:6.3f} ms", p99_ms=idle[0])
+        idle = await idle_lag(report, plan.run_s / 4)
         remote = {"auth_token": srv.token, "timeout": TIMEOUT}
         lag_stores: dict[str, tuple[Path | str, dict[str, Any] | None]] = {
             "remote, direct": (srv.url, remote),
@@ -711,20 +583,7 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
         runs |= await replica_syncing(report, srv, tmp, plan.run_s / 2)
         targets = {f"remote, {on_link}, 32 tasks": 3}
         targets |= {f"remote, {on_link}, 1 task": 2, "remote, direct": 2}
-        for label, run in runs.items():
-            p99, worst = spread(run.delays)
-            ms = run.tasks * run.seconds / run.commits * 1e3
-            most = targets.get(label, 0)
-            report.add(
-                label,
-                f"p99 {p99:6.3f} ms {p99 / idle[0]:4.1f}x, max {worst:6.3f} ms"
-                f" {worst / idle[1]:4.1f}x; a commit {ms:.2f} ms",
-                f"p99 <= {most}x idle" if most else "",
-                p99 <= most * idle[0],
-                p99_ms=p99,
-                max_ms=worst,
-                commit_ms=ms,
-            )
+        lag_rows(report, idle, {label: (run, targets.get(label, 0)) for label, run in runs.items()})
 
     with section(report, "5. Client CPU a request (load), loopback sqld", srv):
         sync_ms, async_ms = await asyncio.to_thread(client_cpu, srv.url, srv.token, plan.cpu_calls)
@@ -764,7 +623,7 @@ async def replica_syncing(
     async def before() -> None:
         await asyncio.to_thread(conn.sync)
 
-    runs = {}
+    runs: dict[str, Run] = {}
     try:
         for label, store, sync in (
             (SYNCING, rep, rep.sync),
@@ -801,9 +660,8 @@ async def select_lag(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
     microsecond, so the ticker's delay there is the loop's own work."""
     title = "4b. Event-loop lag on a select() loop (timers to the microsecond), p99 / idle"
     with section(report, title, srv):
-        idle = spread(await ticked(asyncio.sleep(plan.run_s / 4)))
-        report.add("idle", f"p99 {idle[0]:6.3f} ms, max {idle[1]:6.3f} ms", p99_ms=idle[0])
-        runs: dict[str, tuple[Run, float]] = {}
+        idle = await idle_lag(report, plan.run_s / 4)
+        runs: dict[str, tuple[Run, int]] = {}
         for tasks, most in ((1, 2), (32, 3)):
             store = await AsyncLibsqlStore.create(link.url, auth_token=srv.token, timeout=TIMEOUT)
             async with store:
@@ -813,82 +671,36 @@ async def select_lag(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
         tmp.mkdir()
         for label, run in (await replica_syncing(report, srv, tmp, plan.run_s / 2)).items():
             runs[label] = run, 3 if label == SYNCING else 0
-        for label, (run, most) in runs.items():
-            p99, worst = spread(run.delays)
-            report.add(
-                label,
-                f"p99 {p99:6.3f} ms {p99 / idle[0]:4.1f}x, max {worst:6.3f} ms",
-                f"p99 <= {most}x idle" if most else "",
-                p99 <= most * idle[0],
-                p99_ms=p99,
-                max_ms=worst,
-            )
+        lag_rows(report, idle, runs, commits=False)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument(
-        "--smoke", action="store_true", help="every section once, tiny (no JSON written)"
-    )
-    parser.add_argument("--delay-ms", type=float, default=20.0, help="the link's delay a request")
-    parser.add_argument("--proxy", type=int, metavar="PORT", help="only run a proxy to PORT")
-    parser.add_argument("--wedge", type=int, metavar="N", help="commits of section 6 (0: skip)")
-    args = parser.parse_args()
-    if args.proxy is not None:
-        return run_proxy(args.proxy, args.delay_ms)
-    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
-    if args.wedge is not None:
-        plan = dataclasses.replace(plan, wedge=args.wedge)
-    started = time.time()
-    report = Report()
-    failed: BaseException | None = None
-    try:
-        with (
-            tempfile.TemporaryDirectory() as name,
-            SqldServer(Path(name) / "sqld", auth=True) as srv,
-            contextlib.ExitStack() as stack,
-        ):
-            tmp, port = Path(name), srv.port or 0
-            LibsqlStore(srv.url, auth_token=srv.token, migrate=True).close()
-            count = stack.enter_context(contextlib.closing(Proxy(port, 0.0)))
-            link = stack.enter_context(contextlib.closing(Proxy(port, args.delay_ms)))
-            with section(report, "1. HTTP requests per operation (counting proxy, no delay)", srv):
-                count_requests(report, plan, count, tmp, srv.token)
-            title = f"2. Latency on the {args.delay_ms:g} ms link, median / one bare request"
-            with section(report, title, srv):
-                latency(report, plan, link, tmp, srv.token)
-            asyncio.run(async_part(report, plan, srv, link, tmp))
-            select_loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
-            try:
-                select_loop.run_until_complete(select_lag(report, plan, srv, link, tmp / "4b"))
-            finally:
-                select_loop.close()
-            asyncio.run(wedge_part(report, plan, srv))
-    except BaseException as exc:  # what was measured is still printed and written
-        failed = exc
-    report.print()
-    out = ROOT / "benchmarks" / "results" / f"remote-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = {
-        "delay_ms": args.delay_ms,
-        "plan": asdict(plan),
-        "seconds": round(time.time() - started, 1),
-        "error": None if failed is None else repr(failed),
-        "sqld": SQLD_VERSION,
-        "libsql": importlib.metadata.version("libsql"),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "group_max": GROUP_MAX,
-    }
-    text = json.dumps({"meta": meta, "rows": report.rows}, indent=2) + "\n"
-    if args.smoke:
-        print(f"\nsmoke run, JSON not written ({meta['seconds']} s)")
-    else:
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(text)
-        print(f"\n{out.relative_to(ROOT)} ({meta['seconds']} s)")
-    if failed is not None:
-        raise failed
+    args = parser(__doc__)
+    args.add_argument("--delay-ms", type=float, default=20.0, help="the link's delay a request")
+    args.add_argument("--wedge", type=int, metavar="N", help="commits of section 6 (0: skip)")
+    ns = args.parse_args()
+    plan = PLANS[mode(ns)]
+    if ns.wedge is not None:
+        plan = dataclasses.replace(plan, wedge=ns.wedge)
+    meta = {"delay_ms": ns.delay_ms, "plan": asdict(plan), "group_max": GROUP_MAX}
+    with (
+        Report("remote", mode(ns), **meta) as report,
+        tempfile.TemporaryDirectory() as name,
+        served(Path(name), ns.delay_ms) as on,
+    ):
+        tmp, srv, link = Path(name), on.srv, on.link
+        with section(report, "1. HTTP requests per operation (counting proxy, no delay)", srv):
+            count_requests(report, plan, on.count, tmp, srv.token)
+        title = f"2. Latency on the {ns.delay_ms:g} ms link, median / one bare request"
+        with section(report, title, srv):
+            latency(report, plan, link, tmp, srv.token)
+        asyncio.run(async_part(report, plan, srv, link, tmp))
+        select_loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+        try:
+            select_loop.run_until_complete(select_lag(report, plan, srv, link, tmp / "4b"))
+        finally:
+            select_loop.close()
+        asyncio.run(wedge_part(report, plan, srv))
 
 
 if __name__ == "__main__":

@@ -4,56 +4,34 @@
     python -m benchmarks.retention --quick    # 50k finished executions (well under a minute)
     python -m benchmarks.retention --smoke    # 10k, every section once: that it works
 
-The dataset is seeded with bulk SQL (stdlib sqlite3, recursive CTEs) on a file the store
-migrated to head: N finished roots, each as a commit leaves it (a row with every column, its
-Execution JSON, a 10-step trace, one dedupe marker, one timer), and N/10 running executions
-(10 trace steps, a timer and 5 markers each) that must survive. Every row was last updated
-about two days ago, in an order unrelated to the ids (as with random ids: each batch
-deletes entries on leaves all over every b-tree it writes: the executions' table and its
-nine indexes, the trace, the markers, the timers and their index). Each measurement runs on its
-own copy of the seeded file through ``LibsqlStore(path)`` (local file, WAL, synchronous
-FULL, the default); counts are checked with sqlite3 once every libsql connection is closed.
+The dataset, seeded with bulk SQL on a file the store migrated to head: N finished roots,
+each as a commit leaves it (every column, its JSON, a 10-step trace, one dedupe marker, one
+timer), and N/10 running executions (10 trace steps, a timer, 5 markers) that must survive;
+every row last updated about two days ago, in an order unrelated to the ids (as with random
+ids: a batch deletes on leaves all over every b-tree it writes). Each measurement runs on a
+copy of it through ``LibsqlStore(path)`` (WAL, synchronous FULL); counts are checked with
+sqlite3 once every libsql connection is closed. Measured:
 
-Measured:
+- gc rate: ``purge_finished(before, limit=1000)`` until 0, executions/s (the whole drain's
+  wall time), then ``forget_processed(before)`` until 0, markers/s; the same at limit=250,
+  capped in time (8 s quick, 45 s full), and (information) at limit=1000 on a dataset whose
+  ids sort as their update times (the best case);
+- where the time goes: before the capped drains, 5 batches of purge_finished's statements
+  on stdlib sqlite3, WAL never checkpointed: WAL pages per purged execution, ms per batch of
+  each statement and of a checkpoint of those pages;
+- the longest write transaction of a gc batch: the max and p99 of the calls (an upper bound)
+  and of ``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned, timed by wrapping the store's
+  connection methods on the instance, with each statement's share;
+- a concurrent writer: another process (``--writer``) making a typical commit every ~2 ms on
+  its own executions: its p99 commit latency during a gc pass at limit=1000 over without gc;
+- the file's size before gc, after gc (checkpointed) and after VACUUM;
+- WAL pages per typical commit before / after the marker time (migration 0007), on bare
+  sqlite3 as ``benchmarks.run`` counts them: 0001..0006 + 0008 with the old marker insert,
+  against ``schema.sql`` with ``mark_processed`` + ``note_marker``; an execution's first
+  marker (``markers_since`` set) on its own, as information.
 
-- **gc rate**: ``purge_finished(before, limit=1000)`` (the default) called until 0:
-  executions removed per second (wall time of the whole drain, the final call that returns
-  0 included). Then ``forget_processed(before)`` (limit 10000) until 0 on the running
-  executions' markers: markers removed per second. The same at limit=250 on another copy,
-  drained or stopped after a time cap (8 s quick, 45 s full: the rate of the oldest part;
-  the rows are spread evenly, so it stands for the whole).
-- **where the time goes**: before that limit=250 drain, 5 batches of purge_finished's own
-  statements (queries.sql) on stdlib sqlite3, FULL, WAL never checkpointed: WAL pages
-  written per purged execution and ms per batch of each statement and of a checkpoint of
-  those pages (what an automatic checkpoint adds to some later commit).
-- **ids in update order** (information): the same profile and a limit=1000 drain (capped as
-  above) on a second dataset whose ids sort as their update times (ids made from the time),
-  so a batch deletes neighbouring rows of every b-tree: the best case.
-- **longest write transaction of a gc batch**: each call is one read (``finished_trees``) and
-  one write transaction. The max and p99 of the *call* times are an upper bound of the write
-  transaction; the transaction itself (``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned:
-  the time the write lock is held, fsync included) is also timed by wrapping the store's
-  connection methods on the instance, with the time of each statement (where the time goes).
-- **a concurrent writer**: another process (this module with ``--writer``) opens its own
-  ``LibsqlStore`` on the same file and makes typical commits (a CAS update, an outbox entry,
-  a marker, a timer, a trace step) on its own running executions, one every ~2 ms, timing
-  each. Its p99 commit latency for a fixed time without gc (baseline, same run), then
-  during a gc pass at limit=1000 (capped: 8 s quick, 30 s full): the ratio.
-- **file size** (MB) before gc, after gc (WAL checkpointed into the file) and after VACUUM
-  (stdlib sqlite3, every libsql connection closed).
-- **WAL pages per typical commit** before / after the marker time (migration 0007), on bare
-  sqlite3 connections as ``benchmarks.run`` measures them: before = migrations 0001..0006
-  in order (the previous head), then 0008 (the trace's ``recorded_at`` column, which the
-  trace insert of queries.sql writes), with the old marker insert and no ``note_marker``; after =
-  ``sql/schema.sql`` (head) with ``mark_processed`` + ``note_marker``. A typical commit is
-  one of an execution that has markers already; the commit that records an execution's
-  FIRST marker (``markers_since`` NULL -> a time: an entry in ``harel_executions_markers``)
-  is reported on its own, as information.
-
-Prints a table (figure, value, target, met) and writes JSON to
-``benchmarks/results/retention-<timestamp>.json`` (``--smoke``: not written, its figures mean
-nothing). Not a test: absolute times depend on the machine and its load (the file sits in the
-page cache: the machine's RAM holds it).
+Prints a table and writes JSON to ``benchmarks/results/retention-<timestamp>.json`` (not in a
+smoke run). Not a test: absolute times depend on the machine (the file sits in its page cache).
 """
 
 from __future__ import annotations
@@ -61,89 +39,43 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
-import platform
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python benchmarks/retention.py` as well as `-m`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from benchmarks.harness import Child, Report, mode, module, parser, quantile
 from benchmarks.run import (
+    MARKS,
     POOL,
     STEP,
     WAL_COMMITS,
+    Shape,
     bare_connection,
     executions,
-    fire_times,
+    floor_commits,
     table_kinds,
     wal_pages,
 )
-from harel_store import DEFAULT_TRACE_MAX, Event, Execution, LibsqlStore, SqliteStore, TimerOp
+from harel_store import Event, Execution, LibsqlStore, SqliteStore, TimerOp
 from harel_store.errors import StoreBusy
-from harel_store.sql import QUERIES, SQL_DIR, split_statements
+from harel_store.sql import QUERIES
 from harel_store.store import COMPANIONS, Store
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
-FINAL = ("finished", "failed", "cancelled")
 TRACE_STEPS = 10  # trace rows of every seeded execution
 RUNNING_MARKERS = 5  # old markers of every seeded running execution
 AGE = 2 * 86400.0  # the seeded rows were last updated about this long ago
 HORIZON = 3600.0  # gc removes what is older than an hour
 WRITER_INTERVAL = 0.002  # the concurrent writer's pause between commits, seconds
 WRITER_WARMUP = 300  # its commits before it measures (each execution has its marker)
-
-
-# --- the report ---
-
-
-@dataclass
-class Report:
-    """As benchmarks.run.Report, with the figure's unit and whether its target was met."""
-
-    rows: list[tuple[str, str, float, str, str]] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def add(
-        self, key: str, figure: str, value: float, target: str = "", unit: str = "", **raw: Any
-    ) -> None:
-        self.data[key] = {
-            "figure": figure,
-            "value": round(value, 4),
-            "unit": unit or None,
-            "target": target or None,
-            "met": met(value, target),
-            **raw,
-        }
-        self.rows.append((key, figure, value, unit, target))
-        print(f"  {key:<64} {value:12.3f} {unit:<8} {target}", flush=True)
-
-
-def met(value: float, target: str) -> bool | None:
-    """Whether ``value`` meets a target written "<= X" or ">= X" (None: no target)."""
-    if not target:
-        return None
-    op, bound = target.split()
-    limit = float(bound)
-    return value <= limit if op == "<=" else value >= limit
-
-
-def quantile(samples: list[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile."""
-    ordered = sorted(samples)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
 def file_mb(path: Path) -> float:
@@ -260,43 +192,31 @@ def copy(source: Path, target: Path) -> None:
         os.fsync(f.fileno())
 
 
+COUNTS = {  # what table_counts counts: FROM ...
+    "final": "harel_executions WHERE status IN ('finished', 'failed', 'cancelled')",
+    "running": "harel_executions WHERE status = 'running'",
+    "seeded_running": "harel_executions WHERE status = 'running' AND id LIKE 'exe-%'",
+    "trace": "harel_trace",
+    "seeded_trace": "harel_trace WHERE execution_id LIKE 'exe-%'",
+    "markers": "harel_processed_events",
+    "seeded_markers": "harel_processed_events WHERE execution_id LIKE 'exe-%'",
+    "timers": "harel_timers",
+    "seeded_timers": "harel_timers WHERE execution_id LIKE 'exe-%'",
+    "seeded_markers_since": "harel_executions WHERE markers_since IS NOT NULL AND id LIKE 'exe-%'",
+}
+ORPHANS = " + ".join(
+    f"(SELECT COUNT(*) FROM {table} WHERE execution_id NOT IN (SELECT id FROM harel_executions))"
+    for table in ("harel_trace", "harel_processed_events", "harel_timers")
+)
+
+
 def table_counts(path: Path) -> dict[str, int]:
     """What the file holds (stdlib sqlite3: call it only with no libsql connection open)."""
-    conn = sqlite3.connect(path)
-    try:
-        one: Callable[[str], int] = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
-        final = ", ".join(f"'{s}'" for s in FINAL)
-        return {
-            "final": one(f"SELECT COUNT(*) FROM harel_executions WHERE status IN ({final})"),
-            "running": one("SELECT COUNT(*) FROM harel_executions WHERE status = 'running'"),
-            "seeded_running": one(
-                "SELECT COUNT(*) FROM harel_executions WHERE status = 'running' AND id LIKE 'exe-%'"
-            ),
-            "trace": one("SELECT COUNT(*) FROM harel_trace"),
-            "seeded_trace": one("SELECT COUNT(*) FROM harel_trace WHERE execution_id LIKE 'exe-%'"),
-            "markers": one("SELECT COUNT(*) FROM harel_processed_events"),
-            "seeded_markers": one(
-                "SELECT COUNT(*) FROM harel_processed_events WHERE execution_id LIKE 'exe-%'"
-            ),
-            "timers": one("SELECT COUNT(*) FROM harel_timers"),
-            "seeded_timers": one(
-                "SELECT COUNT(*) FROM harel_timers WHERE execution_id LIKE 'exe-%'"
-            ),
-            "seeded_markers_since": one(
-                "SELECT COUNT(*) FROM harel_executions"
-                " WHERE markers_since IS NOT NULL AND id LIKE 'exe-%'"
-            ),
-            "orphans": one(
-                "SELECT (SELECT COUNT(*) FROM harel_trace WHERE execution_id NOT IN"
-                " (SELECT id FROM harel_executions))"
-                " + (SELECT COUNT(*) FROM harel_processed_events WHERE execution_id NOT IN"
-                " (SELECT id FROM harel_executions))"
-                " + (SELECT COUNT(*) FROM harel_timers WHERE execution_id NOT IN"
-                " (SELECT id FROM harel_executions))"
-            ),
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        counts = {
+            k: conn.execute(f"SELECT COUNT(*) FROM {v}").fetchone()[0] for k, v in COUNTS.items()
         }
-    finally:
-        conn.close()
+        return counts | {"orphans": conn.execute(f"SELECT {ORPHANS}").fetchone()[0]}
 
 
 def checkpoint(path: Path) -> float:
@@ -412,33 +332,31 @@ def drain(timed: Timed, call: Callable[[], int], deadline: float | None = None) 
     return Drain(removed, seconds, calls, list(timed.transactions), timed.shares(seconds), done)
 
 
-def add_drain(report: Report, tag: str, what: str, d: Drain, rate_target: str = "") -> None:
+def add_drain(
+    report: Report, tag: str, what: str, d: Drain, rate_target: str = "", rows: bool = True
+) -> None:
+    """The drain's rate; with ``rows``, its longest and p99 calls and write transactions."""
     report.add(
-        f"{tag} {what}/s",
-        f"{what} removed per second, calls until 0 (wall time)",
+        f"{tag} {what}/s",  # removed per second, calls until 0 (wall time)
         d.rate,
         rate_target,
-        f"{what[:4]}/s",
+        unit=f"{what[:4]}/s",
         removed=d.removed,
         seconds=round(d.seconds, 3),
         calls=len(d.calls),
         time_by_statement=d.shares,
+        drained=d.finished,
+        longest_call_ms=round(max(d.calls) * 1e3, 3),
+        longest_tx_ms=round(max(d.transactions) * 1e3, 3),
     )
-    for name, samples in (("call", d.calls), ("write tx", d.transactions)):
-        bound = " (an upper bound of its write transaction)" if name == "call" else ""
+    for name, samples in (("call", d.calls), ("write tx", d.transactions)) if rows else ():
+        p99 = quantile(samples, 0.99) * 1e3  # a call's: an upper bound of its write tx's
+        target = "<= 20" if what == "executions" else ""
+        median = round(quantile(samples, 0.5) * 1e3, 3)
         report.add(
-            f"{tag} longest {name} ms",
-            f"the longest {name}{bound}",
-            max(samples) * 1e3,
-            "<= 20" if what == "executions" else "",
-            "ms",
-            p99_ms=round(quantile(samples, 0.99) * 1e3, 3),
-            median_ms=round(quantile(samples, 0.5) * 1e3, 3),
+            f"{tag} longest {name} ms", max(samples) * 1e3, target, unit="ms", median_ms=median
         )
-        report.add(
-            f"{tag} p99 {name} ms", f"p99 of the {name} times", quantile(samples, 0.99) * 1e3,
-            unit="ms",
-        )  # fmt: skip
+        report.add(f"{tag} p99 {name} ms", p99, unit="ms")
 
 
 # --- the concurrent writer (another process) ---
@@ -448,15 +366,7 @@ def writer_main(database: Path, interval: float) -> None:
     """Typical commits on POOL running executions of its own until stdin closes; then the
     (start on time.monotonic(), latency) of each measured commit as JSON on stdout."""
     store = LibsqlStore(database)
-    exes = [
-        Execution(
-            id=f"writer-{i:05d}",
-            definition_id="order",
-            active_path="main.wait",
-            context={"order": i, "customer": f"c-{i}", "items": [1, 2, 3], "note": "x" * 40},
-        )
-        for i in range(POOL)
-    ]
+    exes = executions("writer")
     for exe in exes:
         store.save(exe)
     stop = threading.Event()
@@ -498,34 +408,12 @@ def writer_main(database: Path, interval: float) -> None:
 def writer(database: Path) -> Iterator[Callable[[], dict[str, Any]]]:
     """A writer process on ``database``, measuring once it yields; call what it yields to
     stop it and get its samples."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.retention", "--writer", str(database),
-         str(WRITER_INTERVAL)],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    result: dict[str, Any] = {}
-
-    def stop() -> dict[str, Any]:
-        if not result:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.close()
-            result.update(json.loads(proc.stdout.read()))
-            assert proc.wait(timeout=60) == 0
-        return result
-
+    proc = Child(module("retention", "--writer", str(database), str(WRITER_INTERVAL)))
     try:
-        line = proc.stdout.readline()
-        assert line.strip() == "ready", line
-        yield stop
+        assert proc.line() == "ready"
+        yield lambda: dict(json.loads(proc.close()))
     finally:
-        if proc.poll() is None and not result:
-            proc.kill()  # only on failure: it is this function's child
-            proc.wait()
-
-
-def window(samples: list[list[float]], start: float, end: float) -> list[float]:
-    return [latency for at, latency in samples if start <= at < end]
+        proc.close(0)  # only on failure is it still running
 
 
 # --- the sections ---
@@ -533,7 +421,7 @@ def window(samples: list[list[float]], start: float, end: float) -> list[float]:
 
 def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     running = n // 10
-    print(f"gc, limit=1000: {n:,} finished roots, {running:,} running", flush=True)
+    report.section(f"gc, limit=1000: {n:,} finished roots, {running:,} running")
     db = tmp / "gc-1000.db"
     copy(seeded, db)
     before_mb = file_mb(db)
@@ -549,12 +437,7 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     store.close()
     add_drain(report, "purge_finished limit=1000", "executions", purged, ">= 5000")
     add_drain(report, "forget_processed limit=10000", "markers", forgot)
-    report.add(
-        "retention_counts (dry run) s",
-        "retention_counts(finished_before, markers_before) over the seeded file (info)",
-        dry,
-        unit="s",
-    )
+    report.add("retention_counts (dry run) s", dry, unit="s")  # over the seeded file
     assert purged.finished and purged.removed == n, purged.removed
     assert forgot.finished and forgot.removed == running * RUNNING_MARKERS, forgot.removed
     wal_mb = checkpoint(db)
@@ -574,15 +457,9 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     vacuum_mb = file_mb(db)
     assert table_counts(db) == after
     db.unlink()
-    report.add("file MB before gc", "the seeded file (WAL checkpointed)", before_mb, unit="MB")
-    report.add(
-        "file MB after gc", "after gc, its WAL checkpointed into the file", gc_mb, unit="MB",
-        wal_mb_before_checkpoint=round(wal_mb, 1),
-    )  # fmt: skip
-    report.add(
-        "file MB after VACUUM", "after gc and VACUUM (stdlib sqlite3)", vacuum_mb, unit="MB",
-        vacuum_s=round(took, 2),
-    )  # fmt: skip
+    report.add("file MB before gc", before_mb, unit="MB")  # the seeded file, checkpointed
+    report.add("file MB after gc", gc_mb, unit="MB", wal_mb_before_checkpoint=round(wal_mb, 1))
+    report.add("file MB after VACUUM", vacuum_mb, unit="MB", vacuum_s=round(took, 2))
 
 
 PROFILE_BATCHES = 5  # batches of the raw profile (limit 1000)
@@ -651,31 +528,21 @@ def bench_drain(
 ) -> None:
     """A raw profile of a few batches (stdlib sqlite3), then purge_finished(limit) until 0
     through LibsqlStore, or until ``cap`` seconds have passed."""
-    print(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)", flush=True)
+    report.section(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)")
     db = tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"
     copy(seeded, db)
     raw = raw_batches(db, PROFILE_BATCHES)
-    report.add(
-        f"raw batch{tag}: WAL pages per purged execution",
-        "purge_finished's statements on bare sqlite3, limit 1000, FULL, no checkpoint (info)",
-        raw["pages_per_execution"],
-        unit="pages",
-        **raw,
-    )
-    report.add(
-        f"raw batch{tag}: ms per 1000-batch",
-        "the same: the read, the write transaction and a checkpoint of its pages (info)",
-        raw["ms_per_batch"],
-        unit="ms",
-    )
+    pages, ms = raw.pop("pages_per_execution"), raw.pop("ms_per_batch")
+    report.add(f"raw batch{tag}: WAL pages per purged execution", pages, unit="pages", **raw)
+    report.add(f"raw batch{tag}: ms per 1000-batch", ms, unit="ms")
     store = LibsqlStore(db)
     timed = Timed(store)
     before = store.clock() - HORIZON
     deadline = time.monotonic() + cap
     purged = drain(timed, lambda: store.purge_finished(before, limit=limit), deadline)
     store.close()
-    add_drain(report, f"purge_finished limit={limit}{tag}", "executions", purged, target)
-    report.data[f"purge_finished limit={limit}{tag} executions/s"]["drained"] = purged.finished
+    tag = f"purge_finished limit={limit}{tag}"
+    add_drain(report, tag, "executions", purged, target)
     left = n - raw["removed"] - purged.removed
     assert not purged.finished or left == 0, left
     after = table_counts(db)
@@ -688,10 +555,9 @@ def bench_drain(
 def bench_concurrent(
     report: Report, tmp: Path, seeded: Path, n: int, baseline: float, cap: float
 ) -> None:
-    print(
+    report.section(
         f"a concurrent writer (another process, a commit every {WRITER_INTERVAL * 1e3:.0f} ms):"
-        f" {baseline:.0f} s without gc, then during gc limit=1000 (at most {cap:.0f} s)",
-        flush=True,
+        f" {baseline:.0f} s without gc, then during gc limit=1000 (at most {cap:.0f} s)"
     )
     db = tmp / "gc-writer.db"
     copy(seeded, db)
@@ -707,46 +573,17 @@ def bench_concurrent(
         g1 = time.monotonic()
         out = stop()
         store.close()
-    samples = out["samples"]
-    without, during = window(samples, b0, b1), window(samples, g0, g1)
-    p99_without, p99_during = quantile(without, 0.99), quantile(during, 0.99)
-    report.add(
-        "writer p99 commit during gc / without",
-        "p99 commit latency of a writer in another process, during a gc pass / without gc",
-        p99_during / p99_without,
-        "<= 3",
-        "ratio",
-        p99_without_ms=round(p99_without * 1e3, 3),
-        p99_during_ms=round(p99_during * 1e3, 3),
-        median_without_ms=round(quantile(without, 0.5) * 1e3, 3),
-        median_during_ms=round(quantile(during, 0.5) * 1e3, 3),
-        max_without_ms=round(max(without) * 1e3, 3),
-        max_during_ms=round(max(during) * 1e3, 3),
-        commits_without=len(without),
-        commits_during=len(during),
-        seconds_without=round(b1 - b0, 2),
-        seconds_during=round(g1 - g0, 2),
-        store_busy=out["busy"],
-    )
-    report.add("writer p99 commit ms without gc", "the baseline", p99_without * 1e3, unit="ms")
-    report.add("writer p99 commit ms during gc", "during the gc pass", p99_during * 1e3, unit="ms")
-    report.add(
-        "writer max commit ms during gc", "the writer's longest commit during gc",
-        max(during) * 1e3, unit="ms",
-    )  # fmt: skip
-    report.add(
-        "purge_finished limit=1000 with writer executions/s",
-        "executions removed per second with the writer committing (info)",
-        purged.rate,
-        unit="exec/s",
-        removed=purged.removed,
-        seconds=round(purged.seconds, 3),
-        drained=purged.finished,
-        longest_call_ms=round(max(purged.calls) * 1e3, 3),
-        longest_tx_ms=round(max(purged.transactions) * 1e3, 3),
-        p99_call_ms=round(quantile(purged.calls, 0.99) * 1e3, 3),
-        time_by_statement=purged.shares,
-    )
+    ms: dict[str, dict[str, float]] = {}  # the writer's commits, without gc and during it
+    for label, (start, end) in (("without", (b0, b1)), ("during", (g0, g1))):
+        times = [latency for at, latency in out["samples"] if start <= at < end]
+        ms[label] = {"commits": len(times), "seconds": round(end - start, 2)}
+        ms[label] |= {f"p{q}": round(quantile(times, q / 100) * 1e3, 3) for q in (50, 99, 100)}
+    ratio = ms["during"]["p99"] / ms["without"]["p99"]
+    report.add("writer p99 commit during gc / without", ratio, "<= 3", unit="ratio", commits=ms)
+    report.add("writer p99 commit ms without gc", ms["without"]["p99"], unit="ms", busy=out["busy"])
+    report.add("writer p99 commit ms during gc", ms["during"]["p99"], unit="ms")
+    report.add("writer max commit ms during gc", ms["during"]["p100"], unit="ms")
+    add_drain(report, "purge_finished limit=1000 with writer", "executions", purged, rows=False)
     after = table_counts(db)
     assert after["seeded_running"] == n // 10 and after["running"] == n // 10 + POOL, after
     left = n - purged.removed
@@ -774,81 +611,25 @@ PREVIOUS_HEAD = tuple(
     )
 )
 OLD_MARK = "INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?)"
-MARKER_SHAPES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, Callable[..., Any]], ...]]] = {
-    "before": (PREVIOUS_HEAD, ((OLD_MARK, lambda params: params),)),
-    "after": (
-        ("schema.sql",),
-        tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "note_marker")),
-    ),
+MARKER_SHAPES: dict[str, Shape] = {
+    "before": (PREVIOUS_HEAD, "update_execution_data", ((OLD_MARK, lambda params: params),)),
+    "after": (("schema.sql",), "update_execution_data", MARKS),
 }
 
 
-def marker_commits(conn: Any, shape: str) -> Callable[[bool], float]:
-    """WAL_COMMITS typical commits per call (the statements of queries.sql, as
-    benchmarks.run.floor_commits issues them) on a fresh schema of ``shape``, with the
-    marker statements of that shape or (False) with no marker."""
-    scripts, marks = MARKER_SHAPES[shape]
-    for script in scripts:
-        for stmt in split_statements((SQL_DIR / script).read_text(encoding="utf-8")):
-            conn.execute(stmt, ())
-    conn.commit()
-    sql = {name: query.sql for name, query in QUERIES.items()}
-    bind = {name: query.bind for name, query in QUERIES.items()}
-    exes = executions()
-    versions = [1] * POOL
-    payloads = [exe.model_dump_json() for exe in exes]
-    summary = ("running", None, "main.wait", None, None)
-    conn.execute(sql["begin"], ())
-    for i, exe in enumerate(exes):
-        params = (exe.id, "order", payloads[i], 1, *summary)
-        conn.execute(sql["insert_execution"], bind["insert_execution"](params))
-    conn.commit()
-    step = json.dumps(STEP, separators=(",", ":"))
-    update = "update_execution_data"
-
-    def run(marker: bool) -> float:
-        n = WAL_COMMITS
-        ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
-        events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
-        fire = fire_times(n)
-        t0 = time.perf_counter()
-        for i in range(n):
-            k = i % POOL
-            eid = exes[k].id
-            conn.execute(sql["begin"], ())
-            v = versions[k]
-            cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
-            assert cur.rowcount == 1
-            versions[k] = v + 1
-            conn.execute(
-                sql["insert_outbox"], bind["insert_outbox"]((eid, eid, events[i]))
-            ).fetchone()
-            if marker:
-                for statement, bound in marks:
-                    conn.execute(statement, bound((eid, ids[i])))
-            conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
-            (idx,) = conn.execute(sql["append_trace"], bind["append_trace"]((eid, step))).fetchone()
-            if idx >= DEFAULT_TRACE_MAX:
-                conn.execute(sql["trim_trace"], bind["trim_trace"]((eid, DEFAULT_TRACE_MAX)))
-            conn.commit()
-        return (time.perf_counter() - t0) / n
-
-    return run
-
-
 def bench_wal_markers(report: Report, tmp: Path) -> None:
-    print(f"WAL pages per typical commit ({WAL_COMMITS} commits), before / after 0007", flush=True)
+    report.section(f"WAL pages per typical commit ({WAL_COMMITS} commits), before / after 0007")
     pages: dict[tuple[str, bool], tuple[float, int, dict[int, int]]] = {}
     for first in (False, True):
         for shape in MARKER_SHAPES:
             db = tmp / f"wal-{shape}{'-first' if first else ''}.db"
             conn = bare_connection("sqlite", str(db), "NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint = 0")
-            run = marker_commits(conn, shape)
+            run = floor_commits(conn, WAL_COMMITS, True, MARKER_SHAPES[shape])
             # Warm-up: each execution measured next has its timer and trace, and (unless its
             # first marker is measured) its markers and markers_since.
             run(not first)
-            pages[shape, first] = wal_pages(db, lambda run=run: run(True))  # type: ignore[misc]
+            pages[shape, first] = wal_pages(db, run)
             conn.close()
             kinds = table_kinds(db)
             assert kinds["harel_processed_events"], (shape, kinds)  # WITHOUT ROWID in both
@@ -856,48 +637,31 @@ def bench_wal_markers(report: Report, tmp: Path) -> None:
             columns = {row[1] for row in probe.execute("PRAGMA table_info(harel_executions)")}
             probe.close()
             assert ("markers_since" in columns) == (shape == "after"), (shape, columns)
-    figure = "WAL frames appended per commit, bare sqlite3 NORMAL (a page count): "
-    what = {
-        "before": "0001..0006 + 0008, the old marker insert",
-        "after": "schema.sql, mark_processed + note_marker",
-    }
+    # WAL frames appended per commit, bare sqlite3 NORMAL (a page count): before, 0001..0006
+    # + 0008 and the old marker insert; after, schema.sql with mark_processed + note_marker.
     for first, label in ((False, "typical"), (True, "first marker")):
         for shape in MARKER_SHAPES:
             per, frames, sizes = pages[shape, first]
             report.add(
                 f"wal pages/commit {label} {shape}",
-                figure + what[shape] + ("; the execution's first marker" if first else ""),
                 per,
                 unit="pages",
                 frames=frames,
-                commits=WAL_COMMITS,
-                commits_by_pages=sizes,
+                by_pages=sizes,
             )
-        report.add(
-            f"wal pages/commit {label} after - before",
-            f"WAL pages per commit ({label}): after 0007 minus before",
-            pages["after", first][0] - pages["before", first][0],
-            "<= +0.2" if not first else "",
-            "pages",
-        )
-
-
-# --- main ---
+        more = pages["after", first][0] - pages["before", first][0]
+        target = "<= +0.2" if not first else ""
+        report.add(f"wal pages/commit {label} after - before", more, target, unit="pages")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="50k executions (well under 1 min)")
-    parser.add_argument(
-        "--smoke", action="store_true", help="10k executions, short caps (no JSON written)"
-    )
-    parser.add_argument("--size", type=int, help="finished executions (overrides the mode's)")
-    parser.add_argument("--writer", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.writer:
-        writer_main(Path(args.writer[0]), float(args.writer[1]))
+    args = parser(__doc__, quick="50k executions (well under 1 min)")
+    args.add_argument("--size", type=int, help="finished executions (overrides the mode's)")
+    args.add_argument("--writer", nargs=2, help=argparse.SUPPRESS)
+    ns = args.parse_args()
+    if ns.writer:
+        writer_main(Path(ns.writer[0]), float(ns.writer[1]))
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     # Finished executions (in smoke, more than the raw profile's PROFILE_BATCHES batches of
     # 1000 remove, so the limit=250 drain after it has some left); then seconds: the writer's
     # baseline, and the most a capped drain runs (the limit=250 one, the writer's gc pass,
@@ -906,18 +670,24 @@ def main() -> None:
         "full": (1_000_000, 15.0, 45.0),
         "quick": (50_000, 4.0, 8.0),
         "smoke": (10_000, 0.5, 2.0),
-    }[mode]
-    n = args.size or size
+    }[mode(ns)]
+    n = ns.size or size
     n -= n % 10
-    report = Report()
-    started = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix="harel-retention-"))
-    seeded_in: dict[str, float] = {}
-    try:
+    meta = {
+        "finished_executions": n,
+        "writer_interval_s": WRITER_INTERVAL,
+        "caps_s": {"writer_baseline": baseline, "capped_drains": cap},
+    }
+    detail = f" ({n:,} finished executions)"
+    with (
+        Report("retention", mode(ns), detail, **meta) as report,
+        tempfile.TemporaryDirectory() as name,
+    ):
+        tmp = Path(name)
         bench_wal_markers(report, tmp)
         seeded = {order: tmp / f"seeded-{order}.db" for order in ("scattered", "ordered")}
         for order, path in seeded.items():
-            seeded_in[order] = took = seed(path, n, SCATTERED if order == "scattered" else ORDERED)
+            took = seed(path, n, SCATTERED if order == "scattered" else ORDERED)
             counts = table_counts(path)
             print(
                 f"seeded {n:,} finished + {n // 10:,} running executions, {order},"
@@ -932,35 +702,6 @@ def main() -> None:
         bench_drain(report, tmp, seeded["scattered"], n, 250, cap, "", ">= 5000")
         bench_concurrent(report, tmp, seeded["scattered"], n, baseline, min(cap, 30.0))
         bench_drain(report, tmp, seeded["ordered"], n, 1000, cap, " ids in update order", "")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"retention-{stamp}.json"
-    meta = {
-        "mode": mode,
-        "finished_executions": n,
-        "running_executions": n // 10,
-        "seed_seconds": {k: round(v, 1) for k, v in seeded_in.items()},
-        "writer_interval_s": WRITER_INTERVAL,
-        "caps_s": {"writer_baseline": baseline, "capped_drains": cap},
-        "seconds": round(time.time() - started, 1),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-    }
-    text = json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n"
-    if not args.smoke:
-        RESULTS.mkdir(exist_ok=True)
-        out.write_text(text)
-    print()
-    print(f"{'figure':<66} {'value':>12} {'unit':<8} {'target':<9} met")
-    for key, _, value, unit, target in report.rows:
-        ok = met(value, target)
-        mark = "" if ok is None else "yes" if ok else "NO"
-        print(f"{key:<66} {value:>12.3f} {unit:<8} {target:<9} {mark}")
-    written = "not written" if args.smoke else str(out)
-    print(f"\n{meta['mode']} run ({n:,} finished executions), {meta['seconds']}s; JSON: {written}")
 
 
 if __name__ == "__main__":

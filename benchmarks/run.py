@@ -11,9 +11,9 @@ not a ratio, the machine does not change it); commit time of the new shape again
 previous one on a bare connection; listing and timer-sweep latency at 1k / 100k / 1M
 executions; the async twin; peak RSS.
 
-Prints a table and writes JSON to ``benchmarks/results/<timestamp>.json`` (``--smoke``: not
-written, its figures mean nothing). Not a test: the numbers depend on the machine and its load;
-the ratios are what to compare across machines.
+Prints a table and writes JSON to ``benchmarks/results/run-<timestamp>.json`` (not in a smoke
+run). Not a test: the numbers depend on the machine and its load; the ratios are what to
+compare across machines.
 """
 
 from __future__ import annotations
@@ -23,51 +23,40 @@ import asyncio
 import itertools
 import json
 import os
-import platform
 import resource
-import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python benchmarks/run.py` as well as `python -m benchmarks.run`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's log quiet
 import libsql
 
+from benchmarks.harness import (
+    Child,
+    Report,
+    alternate,
+    best,
+    median_call,
+    mode,
+    module,
+    parser,
+    quantile,
+    ticked,
+)
 from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore, SqliteStore, TimerOp
+from harel_store.checks import encode_cursor
 from harel_store.schema import describe
 from harel_store.sql import QUERIES, SQL_DIR, split_statements
 from harel_store.store import DEFAULT_TRACE_MAX, Store
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NOW = 2000.0  # the sweep's "now": 100 timers are due at or before it in every dataset
 DRIVERS: dict[str, Any] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
-
-
-@dataclass
-class Report:
-    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, key: str, figure: str, value: float, target: str = "", **raw: Any) -> None:
-        self.data[key] = {"ratio": round(value, 4), "target": target or None, **raw}
-        self.rows.append((key, figure, f"{value:.3f}", target))
-        print(f"  {key:<48} {value:8.3f}  {target}", flush=True)
-
-
-def best(samples: list[float]) -> float:
-    """The least of repeated timings: the run least disturbed by the rest of the machine."""
-    return min(samples)
-
 
 # --- commits: the store against the same statements on a bare connection ---
 
@@ -89,10 +78,10 @@ POOL = 100  # executions the commits cycle through
 STEP = {"state": "main.wait", "event": "tick"}  # the trace step of every benchmark commit
 
 
-def executions() -> list[Execution]:
+def executions(prefix: str = "exe") -> list[Execution]:
     return [
         Execution(
-            id=f"exe-{i:05d}",
+            id=f"{prefix}-{i:05d}",
             definition_id="order",
             active_path="main.wait",
             context={"order": i, "customer": f"c-{i}", "items": [1, 2, 3], "note": "x" * 40},
@@ -135,59 +124,62 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
     return run
 
 
-# A commit's write shape: the schema it runs on (scripts of sql/, in order) and its CAS update.
-SHAPES: dict[str, tuple[tuple[str, ...], str]] = {
+# A commit's write shape: the schema it runs on (scripts of sql/, in order), its CAS update and
+# its dedupe marker's statements (SQL, bind).
+Shape = tuple[tuple[str, ...], str, tuple[tuple[str, Callable[..., Any]], ...]]
+MARKS = tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "note_marker"))
+SHAPES: dict[str, Shape] = {
     # Revision 0002: markers, timers and trace as rowid tables; every summary column in SET
     # (all of harel_executions' index entries rewritten). The later migrations that only add
     # columns and indexes are applied too, so the statements of queries.sql run on it.
     "previous": (
-        (
-            "migrations/0001_initial.up.sql",
-            "migrations/0002_hot_read_indexes.up.sql",
-            "migrations/0004_claims.up.sql",
-            "migrations/0005_times.up.sql",
-            "migrations/0006_dead_letters.up.sql",
-            "migrations/0007_retention.up.sql",
-            "migrations/0008_trace_times.up.sql",
+        tuple(
+            f"migrations/{name}.up.sql"
+            for name in (
+                "0001_initial",
+                "0002_hot_read_indexes",
+                "0004_claims",
+                "0005_times",
+                "0006_dead_letters",
+                "0007_retention",
+                "0008_trace_times",
+            )
         ),
         "update_execution",
+        MARKS,
     ),
     # Head (0003, WITHOUT ROWID); status and parent_id checked in WHERE, not SET: what the
     # store issues for a typical commit.
-    "new": (("schema.sql",), "update_execution_data"),
+    "new": (("schema.sql",), "update_execution_data", MARKS),
 }
 
 
-def create_schema(conn: Any, shape: str) -> None:
-    for script in SHAPES[shape][0]:
+def floor_commits(
+    conn: Any, n: int, trace: bool, shape: Shape = SHAPES["new"]
+) -> Callable[..., float]:
+    """The statements one commit issues (queries.sql), parameters prepared in advance, on a
+    fresh schema of ``shape``: ``run(marker=True)`` makes ``n`` commits (without their dedupe
+    marker if not ``marker``), the seconds a commit."""
+    scripts, update, marks = shape
+    for script in scripts:
         for stmt in split_statements((SQL_DIR / script).read_text(encoding="utf-8")):
             conn.execute(stmt, ())
     conn.commit()
-
-
-def floor_commits(conn: Any, n: int, trace: bool, shape: str = "new") -> Callable[[], float]:
-    """The statements one commit issues (queries.sql), parameters prepared in advance, on a
-    fresh schema of ``shape`` (SHAPES) with its CAS update."""
-    create_schema(conn, shape)
-    update = SHAPES[shape][1]
     sql = {name: query.sql for name, query in QUERIES.items()}
     bind = {name: query.bind for name, query in QUERIES.items()}
     exes = executions()
-    versions = [0] * POOL
+    versions = [1] * POOL
     payloads = [exe.model_dump_json() for exe in exes]
     summary = ("running", None, "main.wait", None, None)
     conn.execute(sql["begin"], bind["begin"](()))
     for i, exe in enumerate(exes):
-        conn.execute(
-            sql["insert_execution"],
-            bind["insert_execution"]((exe.id, "order", payloads[i], 1, *summary)),
-        )
-        versions[i] = 1
+        params = (exe.id, "order", payloads[i], 1, *summary)
+        conn.execute(sql["insert_execution"], bind["insert_execution"](params))
     conn.commit()
     events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
     step = json.dumps(STEP, separators=(",", ":"))
 
-    def run() -> float:
+    def run(marker: bool = True) -> float:
         ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
         fire = fire_times(n)
         t0 = time.perf_counter()
@@ -199,11 +191,10 @@ def floor_commits(conn: Any, n: int, trace: bool, shape: str = "new") -> Callabl
             cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
             assert cur.rowcount == 1
             versions[k] = v + 1
-            conn.execute(
-                sql["insert_outbox"], bind["insert_outbox"]((eid, eid, events[i]))
-            ).fetchone()
-            conn.execute(sql["mark_processed"], bind["mark_processed"]((eid, ids[i])))
-            conn.execute(sql["note_marker"], bind["note_marker"]((eid, ids[i])))
+            outbox = bind["insert_outbox"]((eid, eid, events[i]))
+            conn.execute(sql["insert_outbox"], outbox).fetchone()
+            for statement, bound in marks if marker else ():
+                conn.execute(statement, bound((eid, ids[i])))
             conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
             if trace:
                 (idx,) = conn.execute(
@@ -238,7 +229,7 @@ def fill_trace_rings(conn: Any) -> None:
 
 
 def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
-    print("commits: store / bare connection, same statements and pragmas", flush=True)
+    report.section("commits: store / bare connection, same statements and pragmas")
     per_commit: dict[str, float] = {}
     for place, sync in (("file", "NORMAL"), ("file", "FULL"), ("memory", "NORMAL")):
         for driver in DRIVERS:
@@ -251,37 +242,25 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
                 conn = bare_connection(driver, db_f, sync)
                 # FULL syncs every commit: fewer of them keep the run short.
                 m = max(50, n // 10) if sync == "FULL" and place == "file" else n
-                s_run, f_run = store_commits(store, m, trace), floor_commits(conn, m, trace)
-                s_run(), f_run()  # warm up
-                s_t, f_t = [], []
-                for r in range(rounds):
-                    pair = (s_run, f_run) if r % 2 == 0 else (f_run, s_run)
-                    first, second = pair[0](), pair[1]()
-                    s_t.append(first if pair[0] is s_run else second)
-                    f_t.append(second if pair[0] is s_run else first)
+                runs = {
+                    "store": store_commits(store, m, trace),
+                    "floor": floor_commits(conn, m, trace),
+                }
+                for run in runs.values():
+                    run()  # warm up
+                times = alternate(runs, rounds)
                 store.close()
                 conn.close()
-                s, f = best(s_t), best(f_t)
+                s, f = best(times["store"]), best(times["floor"])
                 per_commit[tag] = s
                 target = "<= 1.15" if tag.split("/", 1)[1].startswith("file/NORMAL") else ""
-                report.add(
-                    f"commit {tag}",
-                    "store time / floor time per commit",
-                    s / f,
-                    target,
-                    store_us=round(s * 1e6, 1),
-                    floor_us=round(f * 1e6, 1),
-                    commits=m,
-                )
-    for tag in per_commit:
+                us: dict[str, Any] = {"store_us": round(s * 1e6, 1), "floor_us": round(f * 1e6, 1)}
+                report.add(f"commit {tag}", s / f, target, commits=m, **us)
+    for tag in per_commit:  # LibsqlStore time / SqliteStore time per commit
         if tag.startswith("libsql/file"):
-            other = "sqlite" + tag.removeprefix("libsql")
-            report.add(
-                f"commit libsql vs sqlite {tag.removeprefix('libsql/')}",
-                "LibsqlStore time / SqliteStore time per commit",
-                per_commit[tag] / per_commit[other],
-                "<= 1.20" if "NORMAL" in tag else "",
-            )
+            ratio = per_commit[tag] / per_commit["sqlite" + tag.removeprefix("libsql")]
+            target = "<= 1.20" if "NORMAL" in tag else ""
+            report.add(f"commit libsql vs sqlite {tag.removeprefix('libsql/')}", ratio, target)
 
 
 # --- the write shape: previous (0002, all summary columns in SET) against new (head) ---
@@ -329,7 +308,7 @@ def wal_pages(database: Path, run: Callable[[], float]) -> tuple[float, int, dic
 
 
 def bench_wal(report: Report, tmp: Path) -> None:
-    print(f"WAL pages per typical commit ({WAL_COMMITS} commits, WAL held by a reader)", flush=True)
+    report.section(f"WAL pages per typical commit ({WAL_COMMITS} commits, WAL held by a reader)")
     for ring_full in RING_FULL:
         suffix = " (trace ring full)" if ring_full else ""
         pages: dict[str, tuple[float, int, dict[int, int]]] = {}
@@ -345,7 +324,7 @@ def bench_wal(report: Report, tmp: Path) -> None:
             else:
                 conn = bare_connection("sqlite", str(db), "NORMAL")
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
-                run, close = floor_commits(conn, WAL_COMMITS, trace=True, shape=who), conn.close
+                run, close = floor_commits(conn, WAL_COMMITS, True, SHAPES[who]), conn.close
             if ring_full:
                 fill_trace_rings(conn)
             run()  # warm up: each execution measured next has its marker, timer and trace
@@ -353,36 +332,20 @@ def bench_wal(report: Report, tmp: Path) -> None:
             close()
             kinds[who] = table_kinds(db)
         assert kinds["store"] == kinds["new"] != kinds["previous"], kinds
-        figure = "WAL frames appended per typical commit (a page count, not a ratio): "
-        report.add(
-            f"wal pages/commit store{suffix}",
-            figure + "SqliteStore at head, synchronous NORMAL",
-            pages["store"][0],
-            "" if ring_full else "<= 8",
-            frames=pages["store"][1],
-            commits=WAL_COMMITS,
-            commits_by_pages=pages["store"][2],
-        )
-        for shape in ("previous", "new"):
-            schema, update = SHAPES[shape]
+        # WAL frames appended per typical commit (a page count, not a ratio): SqliteStore at
+        # head, then bare sqlite3 with each shape; synchronous NORMAL
+        for who, (per, frames, sizes) in pages.items():
+            label = "store" if who == "store" else f"bare {who} shape"
+            target = "<= 8" if who == "store" and not ring_full else ""
             report.add(
-                f"wal pages/commit bare {shape} shape{suffix}",
-                figure + f"bare sqlite3, {' + '.join(schema)}, {update}",
-                pages[shape][0],
-                frames=pages[shape][1],
-                commits=WAL_COMMITS,
-                commits_by_pages=pages[shape][2],
+                f"wal pages/commit {label}{suffix}", per, target, frames=frames, by_pages=sizes
             )
-        report.add(
-            f"wal pages new/previous shape{suffix}",
-            "WAL pages per typical commit, new shape / previous shape, bare sqlite3",
-            pages["new"][0] / pages["previous"][0],
-            pages={who: round(p[0], 3) for who, p in pages.items()},
-        )
+        ratio = pages["new"][0] / pages["previous"][0]
+        report.add(f"wal pages new/previous shape{suffix}", ratio)
 
 
 def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
-    print("commit time: new shape / previous shape, bare connection, same commit", flush=True)
+    report.section("commit time: new shape / previous shape, bare connection, same commit")
     for ring_full in RING_FULL:
         for sync in ("NORMAL", "FULL"):
             for driver in DRIVERS:
@@ -396,14 +359,11 @@ def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
                 for shape in SHAPES:
                     db = tmp / f"shape-{shape}-{tag.replace('/', '-')}.db"
                     conns[shape] = bare_connection(driver, str(db), sync)
-                    runs[shape] = floor_commits(conns[shape], m, trace=True, shape=shape)
+                    runs[shape] = floor_commits(conns[shape], m, True, SHAPES[shape])
                     if ring_full:
                         fill_trace_rings(conns[shape])
                     runs[shape]()  # warm up
-                times: dict[str, list[float]] = {shape: [] for shape in SHAPES}
-                for r in range(rounds):
-                    for shape in list(SHAPES)[:: 1 if r % 2 == 0 else -1]:
-                        times[shape].append(runs[shape]())
+                times = alternate(runs, rounds)
                 for conn in conns.values():
                     conn.close()
                 new, previous = best(times["new"]), best(times["previous"])
@@ -415,7 +375,6 @@ def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
                     target = "<= 0.75" if sync == "NORMAL" else "<= 0.90"
                 report.add(
                     f"commit new/previous shape {tag}",
-                    "bare connection, time per typical commit: new shape / previous shape",
                     new / previous,
                     target,
                     new_us=round(new * 1e6, 1),
@@ -480,17 +439,6 @@ def build_dataset(path: Path, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def latency(fn: Callable[[], Any], iterations: int) -> float:
-    for _ in range(min(20, iterations)):
-        fn()
-    samples = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 LISTINGS: dict[str, dict[str, Any]] = {
     "status": {"status": "running"},
     "definition+status": {"definition_id": "def-1", "status": "running"},
@@ -506,16 +454,14 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
     store = DRIVERS[driver](path, migrate=False)
     out: dict[str, float] = {}
     middle = f"exe-{n // 2:08d}"
-    from harel_store.checks import encode_cursor
-
     for name, kwargs in LISTINGS.items():
         # The middle of the listing: of the ids, or of the update times.
         timed = kwargs.get("newest_first", False)
         cursor = encode_cursor("", "newest", T0 + n // 2) if timed else encode_cursor(middle)
-        out[f"list {name} (first page)"] = latency(
+        out[f"list {name} (first page)"] = median_call(
             lambda kwargs=kwargs: store.list_executions(limit=50, **kwargs), iterations
         )
-        out[f"list {name} (middle page)"] = latency(
+        out[f"list {name} (middle page)"] = median_call(
             lambda kwargs=kwargs, cursor=cursor: store.list_executions(
                 limit=50, cursor=cursor, **kwargs
             ),
@@ -523,14 +469,16 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
         )
     due = store.due_timers(NOW)
     assert len(due) == 100, len(due)
-    out["due_timers 100 due"] = latency(lambda: store.due_timers(NOW), iterations)
+    out["due_timers 100 due"] = median_call(lambda: store.due_timers(NOW), iterations)
     ids = [f"exe-{(i * 7919) % n:08d}" for i in range(iterations)]
     it = iter(ids * 40)
-    out["load_for_event"] = latency(lambda: store.load_for_event(next(it), "ev-1"), iterations)
-    conn = store._conn.db  # type: ignore[attr-defined]
+    out["load_for_event"] = median_call(lambda: store.load_for_event(next(it), "ev-1"), iterations)
+    conn = store._conn.db
     sql = "SELECT data FROM harel_executions WHERE id = ?"
     it2 = iter(ids * 40)
-    out["bare pk select"] = latency(lambda: conn.execute(sql, (next(it2),)).fetchone(), iterations)
+    out["bare pk select"] = median_call(
+        lambda: conn.execute(sql, (next(it2),)).fetchone(), iterations
+    )
     store.close()
     return out
 
@@ -538,7 +486,7 @@ def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str
 def bench_reads(
     report: Report, tmp: Path, sizes: list[int], iterations: int, rounds: int
 ) -> dict[int, Path]:
-    print(f"reads: page latency at {sizes} executions (ratios against the smallest)", flush=True)
+    report.section(f"reads: page latency at {sizes} executions (ratios against the smallest)")
     paths: dict[int, Path] = {}
     for n in sizes:
         paths[n] = tmp / f"data-{n}.db"
@@ -557,50 +505,29 @@ def bench_reads(
                 continue
             for n in sizes[1:]:
                 report.add(
-                    f"{driver} {figure} {n // 1000}k/{small // 1000}k",
-                    "median latency at n / at 1k",
+                    f"{driver} {figure} {n // 1000}k/{small // 1000}k",  # median latency
                     lat[n][figure] / lat[small][figure],
                     "<= 2" if n == large else "",
                     us={str(k): round(v[figure] * 1e6, 1) for k, v in lat.items()},
                 )
+        store, bare = lat[large]["load_for_event"], lat[large]["bare pk select"]
+        us: dict[str, Any] = {"store": round(store * 1e6, 1), "bare": round(bare * 1e6, 1)}
         report.add(
-            f"{driver} load_for_event / bare pk select @{large // 1000}k",
-            "median latency ratio",
-            lat[large]["load_for_event"] / lat[large]["bare pk select"],
-            us={"store": round(lat[large]["load_for_event"] * 1e6, 1),
-                "bare": round(lat[large]["bare pk select"] * 1e6, 1)},
-        )  # fmt: skip
+            f"{driver} load_for_event / bare pk select @{large // 1000}k", store / bare, **us
+        )
     return paths
 
 
 # --- async twin: throughput against the sync store, and the event-loop lag it causes ---
 
 
-async def _ticker_lags(done: asyncio.Event, lags: list[float]) -> None:
-    """A task that wants to wake every millisecond, and how late each wake-up is."""
-    while not done.is_set():
-        t0 = time.perf_counter()
-        await asyncio.sleep(0.001)
-        lags.append(time.perf_counter() - t0 - 0.001)
-
-
-async def _idle_lag(seconds: float) -> float:
-    lags: list[float] = []
-    done = asyncio.Event()
-    tick = asyncio.create_task(_ticker_lags(done, lags))
-    await asyncio.sleep(seconds)
-    done.set()
-    await tick
-    return max(lags)
-
-
-async def _async_run(path: Path, n: int, tasks: int) -> tuple[float, float, float]:
+async def _async_run(path: Path, n: int, tasks: int) -> tuple[float, list[float]]:
+    """``n`` commits from ``tasks`` tasks of an AsyncLibsqlStore: the seconds a commit, and
+    the ticker's delays meanwhile."""
     store = await AsyncLibsqlStore.create(path, synchronous="NORMAL")
     exes = executions()
     for exe in exes:
         await store.save(exe)
-    lags: list[float] = []
-    done = asyncio.Event()
 
     async def worker(k: int) -> None:
         for i in range(k, n, tasks):
@@ -613,41 +540,30 @@ async def _async_run(path: Path, n: int, tasks: int) -> tuple[float, float, floa
                 trace={"step": i},
             )
 
-    tick = asyncio.create_task(_ticker_lags(done, lags))
-    await asyncio.sleep(0.01)
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(tasks)))
+    lags = await ticked(asyncio.gather(*(worker(k) for k in range(tasks))))
     took = (time.perf_counter() - t0) / n
-    done.set()
-    await tick
     await store.close()
-    lags.sort()
-    return took, lags[-1], lags[int(len(lags) * 0.99)]
+    return took, lags
 
 
 def bench_async(report: Report, tmp: Path, n: int) -> None:
-    print("async twin: AsyncLibsqlStore / LibsqlStore on a file (WAL, NORMAL)", flush=True)
+    report.section("async twin: AsyncLibsqlStore / LibsqlStore on a file (WAL, NORMAL)")
     sync_store = LibsqlStore(tmp / "sync.db", synchronous="NORMAL")
     run = store_commits(sync_store, n, trace=True)
     run()
     sync_t = best([run() for _ in range(3)])
     sync_store.close()
     for tasks in (1, 16):
-        took, max_lag, p99 = asyncio.run(_async_run(tmp / f"async-{tasks}.db", n, tasks))
-        idle = asyncio.run(_idle_lag(max(0.5, took * n)))
+        took, lags = asyncio.run(_async_run(tmp / f"async-{tasks}.db", n, tasks))
+        idle = max(asyncio.run(ticked(asyncio.sleep(max(0.5, took * n)))))
+        us: dict[str, Any] = {"async_us": round(took * 1e6, 1), "sync_us": round(sync_t * 1e6, 1)}
+        report.add(f"async commit time / sync, {tasks} task(s)", took / sync_t, **us)
         report.add(
-            f"async commit time / sync, {tasks} task(s)",
-            "per-commit time ratio",
-            took / sync_t,
-            async_us=round(took * 1e6, 1),
-            sync_us=round(sync_t * 1e6, 1),
-        )
-        report.add(
-            f"async loop lag max / idle loop lag max, {tasks} task(s)",
-            "a 1 ms ticker's worst delay while committing / while idle",
-            max_lag / idle,
-            max_lag_ms=round(max_lag * 1e3, 3),
-            p99_lag_ms=round(p99 * 1e3, 3),
+            f"async loop lag max / idle loop lag max, {tasks} task(s)",  # a 1 ms ticker's
+            max(lags) / idle,
+            max_lag_ms=round(max(lags) * 1e3, 3),
+            p99_lag_ms=round(quantile(lags, 0.99) * 1e3, 3),
             idle_max_lag_ms=round(idle * 1e3, 3),
             sync_commit_ms=round(sync_t * 1e3, 3),
             gil_switch_interval_ms=round(sys.getswitchinterval() * 1e3, 3),
@@ -675,78 +591,44 @@ def rss_child(path: Path, n: int) -> None:
 
 
 def bench_memory(report: Report, paths: dict[int, Path]) -> None:
-    print("memory: peak RSS of the same run over each dataset", flush=True)
+    report.section("memory: peak RSS of the same run over each dataset")
     rss = {}
     for n, path in paths.items():
-        out = subprocess.run(
-            [sys.executable, "-m", "benchmarks.run", "--rss-child", str(path), str(n)],
-            cwd=Path(__file__).resolve().parent.parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        rss[n] = int(out.stdout.split()[-1])
+        out = Child(module("run", "--rss-child", str(path), str(n))).close(600)
+        rss[n] = int(out.split()[-1])
     small, large = min(rss), max(rss)
+    mib = {str(k): round(v / 1024, 1) for k, v in rss.items()}
     report.add(
         f"peak RSS {large // 1000}k/{small // 1000}k",
-        "peak RSS ratio",
         rss[large] / rss[small],
         "flat (~1)",
-        rss_mib={str(k): round(v / 1024, 1) for k, v in rss.items()},
+        rss_mib=mib,
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
-    parser.add_argument(
-        "--smoke", action="store_true", help="every section once on tiny sizes (no JSON written)"
-    )
-    parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rss_child:
-        rss_child(Path(args.rss_child[0]), int(args.rss_child[1]))
+    args = parser(__doc__, quick="fewer repetitions (about a minute)")
+    args.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
+    ns = args.parse_args()
+    if ns.rss_child:
+        rss_child(Path(ns.rss_child[0]), int(ns.rss_child[1]))
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    sizes = [1_000, 2_000] if args.smoke else [1_000, 100_000, 1_000_000]
+    sizes = [1_000, 2_000] if ns.smoke else [1_000, 100_000, 1_000_000]
     # commits a run, rounds of bench_commits, iterations of a latency, rounds of bench_shape
     # (the ratio of two close times: more rounds) and of bench_reads
     commits, rounds, iterations, shape_rounds, read_rounds = {
         "full": (2000, 9, 500, 11, 5),
         "quick": (400, 5, 200, 11, 3),
         "smoke": (100, 1, 5, 1, 1),
-    }[mode]
-    report = Report()
-    started = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix="harel-bench-"))
-    try:
+    }[mode(ns)]
+    with Report("run", mode(ns)) as report, tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
         bench_commits(report, tmp, commits, rounds)
         bench_wal(report, tmp)
         bench_shape(report, tmp, commits, shape_rounds)
         paths = bench_reads(report, tmp, sizes, iterations, read_rounds)
         bench_async(report, tmp, commits)
         bench_memory(report, {sizes[0]: paths[sizes[0]], sizes[-1]: paths[sizes[-1]]})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"{stamp}.json"
-    meta = {
-        "mode": mode,
-        "seconds": round(time.time() - started, 1),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-    }
-    text = json.dumps({"meta": meta, "results": report.data}, indent=2) + "\n"
-    if not args.smoke:
-        RESULTS.mkdir(exist_ok=True)
-        out.write_text(text)
-    print()
-    print(f"{'figure':<52} {'ratio':>8}  target")
-    for key, _, value, target in report.rows:
-        print(f"{key:<52} {value:>8}  {target}")
-    print(f"\n{meta['mode']} run, {meta['seconds']}s; JSON: {'not written' if args.smoke else out}")
 
 
 if __name__ == "__main__":
