@@ -293,6 +293,53 @@ def test_alembic_revision_makes_the_next_numbered_revision_and_its_sql_files(
         (["-m", "x", "--rev-id", "0001"], "not 0001: they are numbered in order"),
     ],
 )
+def alembic_over_the_copy(ini: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``alembic -c INI ARGS`` whose revisions read the copy's sql/migrations/ (`run_sql`
+    reads the package's, where a revision made in the copy has no files)."""
+    code = (
+        "import sys, pathlib, harel_store.migrate as m; m.SQL_DIR = pathlib.Path(sys.argv[1]);"
+        " from alembic.config import main; main(sys.argv[2:], prog='alembic')"
+    )
+    command = [sys.executable, "-c", code, str(ini.parent / "sql"), "-c", str(ini), *args]
+    return run(command, cwd=ini.parent)
+
+
+def test_a_revision_alembic_makes_upgrades_and_downgrades(tmp_path: Path) -> None:
+    """The script `alembic revision` makes (a title and two lines) is a whole revision:
+    with its two files written it upgrades, downgrades, prints its SQL offline and shows in
+    the history, each as the hand-written revisions before it do."""
+    ini = copy_of_the_migrations(tmp_path)
+    head = scripts_of(ini).get_current_head()
+    assert head is not None
+    rev = f"{int(head) + 1:04d}"
+    name = f"{rev}_a_thing_table"
+    assert revision(ini, "-m", "a thing table").returncode == 0
+    folder = tmp_path / "sql" / "migrations"
+    (folder / f"{name}.up.sql").write_text("CREATE TABLE harel_things (id INTEGER PRIMARY KEY);\n")
+    (folder / f"{name}.down.sql").write_text("DROP TABLE harel_things;\n")
+    db = tmp_path / "things.db"
+
+    def state() -> tuple[list[tuple[str]], list[tuple[str]]]:
+        with closing(sqlite3.connect(db)) as conn:
+            version = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+            things = conn.execute("SELECT name FROM sqlite_master WHERE name = 'harel_things'")
+            return version, things.fetchall()
+
+    up = alembic_over_the_copy(ini, "-x", f"url={db}", "upgrade", "head")
+    assert up.returncode == 0, up.stderr
+    assert f"Running upgrade {head} -> {rev}, a thing table\n" in up.stderr
+    assert state() == ([(rev,)], [("harel_things",)])
+    down = alembic_over_the_copy(ini, "-x", f"url={db}", "downgrade", "-1")
+    assert down.returncode == 0, down.stderr
+    assert f"Running downgrade {rev} -> {head}, a thing table\n" in down.stderr
+    assert state() == ([(head,)], [])
+    offline = alembic_over_the_copy(ini, "upgrade", f"{head}:head", "--sql")
+    assert offline.returncode == 0, offline.stderr
+    assert f"-- Running upgrade {head} -> {rev}\n\nCREATE TABLE harel_things" in offline.stdout
+    history = alembic_over_the_copy(ini, "history", "-r", f"{head}:")
+    assert history.stdout.startswith(f"{head} -> {rev} (head), a thing table\n")
+
+
 def test_alembic_revision_refuses_what_would_break_the_numbered_chain(
     args: list[str], message: str, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from mako.template import Template
 
 from harel_store import LibsqlStore, SchemaError, SqliteStore
 from harel_store.schema import describe, head_schema
@@ -60,6 +61,27 @@ def test_every_sql_migration_is_named_by_exactly_one_revision() -> None:
     for m in MIGRATIONS:
         assert f"{m.name}.up.sql" in named and f"{m.name}.down.sql" in named
     assert all(re.fullmatch(r"\d{4}_[a-z0-9_]+\.(up|down)\.sql", f) for f in files)
+
+
+def test_every_revision_script_is_what_the_template_makes() -> None:
+    """Each script in migrations/versions/ is, to the letter, what `alembic revision` makes
+    from script.py.mako given its message and numbers: a title and two lines, the SQL files
+    doing the work. So no two scripts repeat a block of code and a new one looks like the
+    others."""
+    template = Template(filename=str(ROOT / "migrations" / "script.py.mako"))
+    script = ScriptDirectory.from_config(Config(str(ALEMBIC_INI)))
+    for m in MIGRATIONS:
+        rev = script.get_revision(m.revision)
+        assert rev is not None and rev.path is not None
+        rendered = template.render(
+            message=rev.doc,
+            up_revision=m.revision,
+            down_revision=m.down_revision,
+            migration_name=m.name,
+        )
+        assert Path(rev.path).read_text() == rendered, rev.path
+        assert rev.module.upgrade.__name__ == "upgrade"  # Alembic logs "Running upgrade ..."
+        assert rev.module.downgrade.__name__ == "downgrade"
 
 
 def test_the_migration_chain_builds_schema_sql(tmp_path: Path) -> None:
