@@ -32,7 +32,7 @@ from harel_store.awaiting import Call, wait_message
 from harel_store.batch import Plan, adrive, settle
 from harel_store.checks import check_trace_max
 from harel_store.connection import HranaConnection, is_remote, open_libsql
-from harel_store.connection.local import Synchronous
+from harel_store.connection.local import LocalConnection, Synchronous
 from harel_store.connection.revision import ensure_schema
 from harel_store.executions import _wait_args
 from harel_store.models import (
@@ -57,6 +57,7 @@ class AsyncLibsqlStore:
         self._s = store
         conn = store._conn
         self._remote = conn if isinstance(conn, HranaConnection) else None
+        self._local = conn if isinstance(conn, LocalConnection) else None
         # The worker-thread path: one call at a time from each event loop the store is used
         # on (the sync store has its own lock for calls from several loops' threads).
         self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
@@ -144,6 +145,8 @@ class AsyncLibsqlStore:
     async def _run(self, plan: Plan[T]) -> T:
         if self._remote is not None:
             return await adrive(self._remote.aexecute, plan)
+        if self._local is not None:
+            return await adrive(self._local.aexecute, plan)
         async with self._lock():
             # run_in_executor rather than to_thread: a future, not a coroutine to wrap in a
             # task (~25 us less a call); the store's code reads no context variables.

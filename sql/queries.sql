@@ -22,6 +22,17 @@ COMMIT;
 -- name: rollback!
 ROLLBACK;
 
+-- A local group commit (harel_store/connection/local.py): several commits in one
+-- transaction, each in its own savepoint, so that one that fails is undone alone.
+-- name: savepoint!
+SAVEPOINT harel_member;
+
+-- name: release_savepoint!
+RELEASE harel_member;
+
+-- name: rollback_to_savepoint!
+ROLLBACK TO harel_member;
+
 -- name: guard_changed$
 -- A remote batch's guard: fails when the statement before it changed no row (json() of a
 -- text that is not JSON raises an error), so the steps after it are skipped and the batch

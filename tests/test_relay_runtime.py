@@ -308,8 +308,10 @@ def test_a_round_sends_no_ack_for_what_its_handlers_consumed(harness: Harness) -
         return execute(request)
 
     conn.execute = spy
-    if harness.aio is not None and harness.aio._remote is not None:
-        harness.aio._remote.aexecute = _spied(harness.aio._remote.aexecute, writes)
+    if harness.aio is not None:  # the async store's writes go through its own path
+        target = harness.aio._remote or harness.aio._local
+        if target is not None:
+            target.aexecute = _spied(target.aexecute, writes)  # type: ignore[method-assign]
 
     def deliver(entry: OutboxEntry) -> None:
         exe, _ = direct.load_for_event(entry.target_id, entry.event.id)

@@ -14,6 +14,9 @@ as it can.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import copy
 import os
 import random
 import sqlite3
@@ -21,12 +24,13 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import quote
 
-from harel_store.batch import Batch, Conflicted, Fresh, Request, shape, statement
+from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
 from harel_store.checks import check_finite
 from harel_store.connection.watch import FileWatch
 from harel_store.errors import StoreBusy, StoreError, is_driver_error, translate
@@ -34,7 +38,13 @@ from harel_store.sql import Query, RowError
 from harel_store.wakeup import Watch
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
-_BEGIN, _COMMIT = statement("begin"), statement("commit")
+T = TypeVar("T")
+R = TypeVar("R")
+_BEGIN, _SAVEPOINT, _RELEASE, _ROLLBACK_TO = (
+    statement(name) for name in ("begin", "savepoint", "release_savepoint", "rollback_to_savepoint")
+)
+# The most batches one group commit carries (`LocalConnection._write`).
+GROUP_MAX = 64
 # The pauses of a request that found the file locked: doubling from the first to the
 # longest (each taken at 50 to 100 %), until busy_timeout. A try costs some microseconds;
 # a longer pause would let another writer that frees the lock and takes it again soon (a
@@ -62,8 +72,48 @@ class DBAPI(Protocol):
     def close(self) -> None: ...
 
 
+class _Member:
+    """A batch waiting for its group commit, and its outcome once written: its result or
+    its error."""
+
+    __slots__ = ("batch", "future", "outcome")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.outcome: tuple[Any, BaseException | None] | None = None
+        self.future: asyncio.Future[None] | None = None  # an async caller's, when it waits
+
+    def result(self) -> Any:
+        assert self.outcome is not None
+        result, error = self.outcome
+        if error is not None:
+            raise error
+        return result
+
+
+class _LoopWrites:
+    """The async writes of one event loop: whether one is under way, and those waiting."""
+
+    __slots__ = ("busy", "sender", "waiting")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.sender: asyncio.Task[None] | None = None
+        self.waiting: collections.deque[_Member] = collections.deque()
+
+
+def _copy(error: BaseException) -> BaseException:
+    """The group's failure for one more member: its own copy (one exception raised in several
+    threads would gather all their tracebacks)."""
+    try:
+        return copy.copy(error)
+    except Exception:
+        return error
+
+
 class LocalConnection:
-    """Requests run on one DB-API connection, one at a time."""
+    """Requests run on one DB-API connection, one at a time; writes that arrive together
+    commit together (`_write`)."""
 
     library: Library = "sqlite"
 
@@ -80,39 +130,19 @@ class LocalConnection:
         # this very connection for an in-memory one.
         self.key = f":memory:{id(self)}" if where == ":memory:" else os.path.realpath(where)
         self._lock = threading.RLock()
+        self._queue: collections.deque[_Member] = collections.deque()  # batches to write
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWrites] = (
+            weakref.WeakKeyDictionary()
+        )
         self._closed = False
 
     def execute(self, request: Request) -> Any:
+        if isinstance(request, Batch):
+            return self._write(request)
+        if isinstance(request, Fresh):
+            request = request.statement
         with self._lock:
-            if self._closed:
-                raise StoreError(f"the store on {self.where} is closed")
-            if isinstance(request, Fresh):
-                request = request.statement
-            pause, deadline = BUSY_FIRST, time.monotonic() + self.busy_timeout
-            while True:
-                try:
-                    if isinstance(request, Batch):
-                        return self._batch(request)
-                    return self._result(request[0], self._execute(*request))
-                except (StoreError, Conflicted):
-                    raise
-                except RowError as exc:
-                    raise StoreError(str(exc)) from None
-                except BaseException as exc:
-                    if not is_driver_error(exc):
-                        raise  # KeyboardInterrupt and the like
-                    error = translate(exc, quoted=self.where)
-                    if type(error) is StoreError and "readonly database" in str(error):
-                        why = not_writable(self.where) if self.where != ":memory:" else None
-                        if why is not None:  # SQLite opened it read-only: say why
-                            error = StoreError(f"cannot write {self.where}: {why}")
-                    # Locked by another connection: nothing of the request was done (a
-                    # batch rolled back), so it goes again after a pause, the GIL free.
-                    wait = pause * random.uniform(0.5, 1.0)
-                    if not isinstance(error, StoreBusy) or time.monotonic() + wait > deadline:
-                        raise error from exc
-                time.sleep(wait)
-                pause = min(pause * 2, BUSY_LONGEST)
+            return self._retried(self._read, request)
 
     def _execute(self, query: Query, params: Any) -> Cursor:
         return self.db.execute(query.sql, params)
@@ -123,31 +153,201 @@ class LocalConnection:
             return cur.rowcount
         return shape(query, cur.fetchall(), 0)
 
+    def _read(self, request: Statement) -> Any:
+        return self._result(request[0], self._execute(*request))
+
+    def _retried(self, run: Callable[[T], R], arg: T) -> R:
+        """``run(arg)`` with the store's errors, tried again while the file is locked by
+        another connection (nothing of the request was done: a batch rolled back), after a
+        pause in which the GIL is free, until ``busy_timeout``."""
+        if self._closed:
+            raise StoreError(f"the store on {self.where} is closed")
+        pause, deadline = BUSY_FIRST, time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return run(arg)
+            except (StoreError, Conflicted):
+                raise
+            except RowError as exc:
+                raise StoreError(str(exc)) from None
+            except BaseException as exc:
+                if not is_driver_error(exc):
+                    raise  # KeyboardInterrupt and the like
+                error = self._error(exc)
+                wait = pause * random.uniform(0.5, 1.0)
+                if not isinstance(error, StoreBusy) or time.monotonic() + wait > deadline:
+                    raise error from exc
+            time.sleep(wait)
+            pause = min(pause * 2, BUSY_LONGEST)
+
+    def _error(self, exc: BaseException) -> StoreError:
+        """A driver's error in the store's words."""
+        error = translate(exc, quoted=self.where)
+        if type(error) is StoreError and "readonly database" in str(error):
+            why = not_writable(self.where) if self.where != ":memory:" else None
+            if why is not None:  # SQLite opened it read-only: say why
+                error = StoreError(f"cannot write {self.where}: {why}")
+        return error
+
+    def _write(self, batch: Batch) -> Any:
+        member = _Member(batch)
+        self._written([member])
+        return member.result()
+
+    def _written(self, members: list[_Member]) -> None:
+        """Group commit: batches that arrive while another transaction is being written wait
+        in the queue; whichever waiting thread gets the connection next writes the queue's
+        batches (up to GROUP_MAX) in one transaction, one fsync for all (`_group`). A lone
+        batch is written as it comes (`_batch`), at no added cost. Each member's outcome is
+        set when this returns."""
+        self._queue.extend(members)
+        last = members[-1]
+        with self._lock:
+            while last.outcome is None:  # a thread ahead of it may have written them
+                group = [self._queue.popleft() for _ in range(min(len(self._queue), GROUP_MAX))]
+                outcomes: list[tuple[Any, BaseException | None]]
+                try:
+                    if len(group) == 1:
+                        outcomes = [(self._retried(self._batch, group[0].batch), None)]
+                    else:
+                        outcomes = self._retried(self._group, group)
+                except BaseException as exc:  # nothing of the group was written, or unknown
+                    outcomes = [(None, exc if m is last else _copy(exc)) for m in group]
+                for m, outcome in zip(group, outcomes, strict=True):
+                    m.outcome = outcome
+
+    async def aexecute(self, request: Request) -> Any:
+        """Async version of `execute`, in a worker thread. The batches that an event loop's
+        tasks send while one of its writes is under way wait, and go to one worker together
+        (one group commit) when it ends; a lone batch goes at once."""
+        loop = asyncio.get_running_loop()
+        if not isinstance(request, Batch):
+            return await loop.run_in_executor(None, self.execute, request)
+        member = _Member(request)
+        writes = self._loop_writes(loop)
+        if writes.busy:
+            member.future = loop.create_future()
+            writes.waiting.append(member)
+            await member.future
+            return member.result()
+        writes.busy = True
+        try:
+            await loop.run_in_executor(None, self._written, [member])
+        finally:
+            if writes.waiting:  # they came meanwhile: the next group, not this caller's turn
+                writes.sender = loop.create_task(self._asend(loop, writes))
+            else:
+                writes.busy = False
+        return member.result()
+
+    async def _asend(self, loop: asyncio.AbstractEventLoop, writes: _LoopWrites) -> None:
+        """Write the batches waiting on ``loop``, a group at a time, until none waits."""
+        waiting = writes.waiting
+        try:
+            while waiting:
+                group = [waiting.popleft() for _ in range(min(len(waiting), GROUP_MAX))]
+                try:
+                    await loop.run_in_executor(None, self._written, group)
+                finally:
+                    for member in group:
+                        self._answer(member)
+        finally:
+            writes.busy, writes.sender = False, None
+            while waiting:  # the loop is closing: these were never written
+                self._answer(waiting.popleft())
+
+    def _answer(self, member: _Member) -> None:
+        """Wake the member's caller (it has its outcome)."""
+        if member.outcome is None:
+            error = StoreError(f"the write to {self.where} was not made: its event loop stopped")
+            member.outcome = (None, error)
+        if member.future is not None and not member.future.done():
+            member.future.set_result(None)
+
+    def _loop_writes(self, loop: asyncio.AbstractEventLoop) -> _LoopWrites:
+        writes = self._loops.get(loop)
+        if writes is None:
+            writes = self._loops.setdefault(loop, _LoopWrites())
+        return writes
+
+    def _steps(self, batch: Batch) -> list[Any]:
+        """The batch's steps, in the transaction begun; Conflicted (nothing undone yet) when a
+        guard step fails."""
+        results: list[Any] = []
+        for index, (query, params) in enumerate(batch.steps):
+            if index in batch.only_if:
+                step, least = batch.only_if[index]
+                if results[step] < least:
+                    results.append(None)
+                    continue
+            # No cursor outlives its step: an unfinished one would block the COMMIT.
+            result = self._result(query, self._execute(query, params))
+            if not batch.guarded(index, result):  # a guard's kind is "!": rows changed
+                raise Conflicted(index, None)
+            results.append(result)
+        return results
+
+    def _found(self, batch: Batch, conflict: Conflicted) -> Conflicted:
+        """The conflict with what the batch's ``conflict`` statement reads now."""
+        if batch.conflict is None:
+            return conflict
+        return Conflicted(conflict.step, self._read(batch.conflict))
+
     def _batch(self, batch: Batch) -> list[Any]:
+        """One batch, one transaction."""
         self._execute(*_BEGIN)
         try:
-            results: list[Any] = []
-            for index, (query, params) in enumerate(batch.steps):
-                if index in batch.only_if:
-                    step, least = batch.only_if[index]
-                    if results[step] < least:
-                        results.append(None)
-                        continue
-                # No cursor outlives its step: an unfinished one would block the COMMIT.
-                result = self._result(query, self._execute(query, params))
-                if not batch.guarded(index, result):  # a guard's kind is "!": rows changed
-                    self.db.rollback()
-                    found = None
-                    if batch.conflict is not None:
-                        found = self._result(batch.conflict[0], self._execute(*batch.conflict))
-                    raise Conflicted(index, found)
-                results.append(result)
+            try:
+                results = self._steps(batch)
+            except Conflicted as conflict:
+                self.db.rollback()
+                raise self._found(batch, conflict) from None
             self._commit()
             return results
         except BaseException:
             with suppress(Exception):  # rolled back already, or the connection is gone
                 self.db.rollback()
             raise
+
+    def _group(self, group: list[_Member]) -> list[tuple[Any, BaseException | None]]:
+        """Several batches, one transaction: each in its own savepoint, so that a batch whose
+        guard fails, or which the database refuses, is undone alone and fails alone, while
+        the others commit. The file locked by another connection, or a failed COMMIT, is
+        every member's failure (all of it rolled back, `_retried` tries the whole group
+        again while the file is busy)."""
+        self._execute(*_BEGIN)
+        try:
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for member in group:
+                self._execute(*_SAVEPOINT)
+                try:
+                    outcomes.append((self._steps(member.batch), None))
+                except Conflicted as conflict:
+                    self._undo()
+                    outcomes.append((None, self._found(member.batch, conflict)))
+                    continue
+                except RowError as exc:
+                    self._undo()
+                    outcomes.append((None, StoreError(str(exc))))
+                    continue
+                except BaseException as exc:
+                    if not is_driver_error(exc) or isinstance(self._error(exc), StoreBusy):
+                        raise
+                    self._undo()
+                    outcomes.append((None, self._error(exc)))
+                    continue
+                self._execute(*_RELEASE)
+            self._commit()
+            return outcomes
+        except BaseException:
+            with suppress(Exception):
+                self.db.rollback()
+            raise
+
+    def _undo(self) -> None:
+        """Undo the member's savepoint (its writes) and leave it."""
+        self._execute(*_ROLLBACK_TO)
+        self._execute(*_RELEASE)
 
     def _commit(self) -> None:
         self.db.commit()

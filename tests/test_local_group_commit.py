@@ -1,0 +1,190 @@
+"""Group commit on a local file: the commits that arrive while a write transaction of the
+store is being written wait, and the next transaction carries all of them, each in its own
+SAVEPOINT with its own outcome (harel_store/connection/local.py). The stdlib driver's trace
+callback shows the transactions; the outcomes are checked on both drivers."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harel_store import (
+    AsyncLibsqlStore,
+    Event,
+    Execution,
+    LibsqlStore,
+    SqliteStore,
+    StoreConflict,
+    StoreError,
+)
+from harel_store.batch import Batch
+from harel_store.connection.local import LocalConnection
+from harel_store.store import Store
+from tests.helpers import wait_until
+
+DRIVERS: dict[str, type[Store]] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
+
+
+def local(store: Store) -> LocalConnection:
+    conn = store._conn
+    assert isinstance(conn, LocalConnection)
+    return conn
+
+
+def emit(exe: Execution, n: int) -> list[tuple[str | None, Event]]:
+    return [(None, Event(name="go", id=f"{exe.id}-{n}"))]
+
+
+@contextmanager
+def statements(store: Store) -> Iterator[list[str]]:
+    """The statements a SqliteStore's connection runs meanwhile."""
+    ran: list[str] = []
+    db = local(store).db
+    db.set_trace_callback(ran.append)  # type: ignore[attr-defined]
+    try:
+        yield ran
+    finally:
+        db.set_trace_callback(None)  # type: ignore[attr-defined]
+
+
+def refused_batch() -> Batch:
+    """A write the database refuses (not a conflict): the remote guard's malformed JSON,
+    raised since the statement before it changed no row."""
+    batch = Batch()
+    batch.add("cancel_timer", "nobody", "nothing")
+    batch.add("guard_changed")
+    return batch
+
+
+def queued_then_released(store: Store, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run each call in its own thread while the connection is held, so that every one of
+    their writes waits in the queue; then let them go, and return each one's result or
+    exception."""
+    conn = local(store)
+    outcomes: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = calls[i]()
+        except Exception as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    with conn._lock:  # a write under way: whatever comes now waits
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(conn._queue) == len(calls), "every write waits")
+    for t in threads:
+        t.join(timeout=30)
+    return outcomes
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_writes_that_wait_commit_together_each_with_its_own_outcome(
+    driver: str, tmp_path: Path
+) -> None:
+    store = DRIVERS[driver](tmp_path / "group.db")
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(6)]
+    for exe in exes:
+        store.commit(exe, emit(exe, 1))
+    stale = store.load("exe-0")
+    assert stale is not None
+    calls: list[Callable[[], Any]] = [
+        *(lambda exe=exe: store.commit(exe, emit(exe, 2)) for exe in exes),
+        lambda: store.commit(stale, emit(stale, 99)),  # behind exe-0's commit in the group
+        lambda: local(store).execute(refused_batch()),
+    ]
+    outcomes = queued_then_released(store, calls)
+    assert all(isinstance(seqs, list) and len(seqs) == 1 for seqs in outcomes[:6]), outcomes
+    conflict, refused = outcomes[6:]
+    assert isinstance(conflict, StoreConflict) and conflict.found == 2, conflict
+    assert stale.version == 1  # restored, as after any failed commit
+    assert type(refused) is StoreError and "malformed JSON" in str(refused), refused
+    # What the members that failed wrote is gone; every other member's write is there.
+    for exe in exes:
+        loaded = store.load(exe.id)
+        assert loaded is not None and loaded.version == 2
+    events = sorted(entry.event.id for entry in store.pending_outbox(limit=100))
+    assert events == sorted(f"exe-{i}-{n}" for i in range(6) for n in (1, 2))
+    store.close()
+
+
+def test_the_group_is_one_transaction_a_lone_write_its_own(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "group.db")
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(5)]
+    with statements(store) as ran:
+        store.commit(exes[0], emit(exes[0], 1))
+    assert [s for s in ran if s in ("COMMIT", "SAVEPOINT harel_member")] == ["COMMIT"]
+    with statements(store) as ran:
+        calls = [lambda exe=exe: store.commit(exe, emit(exe, 1)) for exe in exes[1:]]
+        outcomes = queued_then_released(store, calls)
+    assert all(isinstance(seqs, list) for seqs in outcomes), outcomes
+    assert ran.count("BEGIN IMMEDIATE") == ran.count("COMMIT") == 1, ran
+    assert ran.count("SAVEPOINT harel_member") == ran.count("RELEASE harel_member") == 4
+    store.close()
+
+
+def test_async_tasks_commit_in_groups_each_with_its_own_outcome(tmp_path: Path) -> None:
+    sync = SqliteStore(tmp_path / "group.db")
+    exes = [Execution(id=f"exe-{i:02d}", definition_id="d") for i in range(32)]
+
+    async def main() -> list[Any]:
+        store = AsyncLibsqlStore(sync)
+        stale = exes[0].model_copy()
+        await store.commit(exes[0], emit(exes[0], 0))  # stale is now one version behind
+
+        async def rounds(exe: Execution) -> None:
+            for n in range(1, 6):
+                await store.commit(exe, emit(exe, n))
+
+        return await asyncio.gather(
+            *(rounds(exe) for exe in exes), store.commit(stale, []), return_exceptions=True
+        )
+
+    with statements(sync) as ran:
+        outcomes = asyncio.run(main())
+    assert outcomes[:32] == [None] * 32
+    assert isinstance(outcomes[32], StoreConflict)
+    commits = 32 * 5 + 2
+    assert ran.count("SAVEPOINT harel_member") > 0
+    assert ran.count("COMMIT") < commits / 4, f"{ran.count('COMMIT')} transactions"
+    assert [sync.load(exe.id).version for exe in exes] == [6] + [5] * 31  # type: ignore[union-attr]
+    assert len(sync.pending_outbox(limit=1000)) == 32 * 5 + 1
+    sync.close()
+
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+"""
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_a_group_waits_for_another_process_holding_the_file(driver: str, tmp_path: Path) -> None:
+    db = tmp_path / "group.db"
+    store = DRIVERS[driver](db)
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(8)]
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db), "0.5"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        calls = [lambda exe=exe: store.commit(exe, emit(exe, 1)) for exe in exes]
+        outcomes = queued_then_released(store, calls)
+    finally:
+        other.communicate(timeout=30)
+    assert all(isinstance(seqs, list) for seqs in outcomes), outcomes
+    assert [store.load(exe.id) is not None for exe in exes] == [True] * 8
+    store.close()
