@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harel_store import AsyncLibsqlStore
+from harel_store.batch import Batch
 from harel_store.connection import HranaConnection, LocalConnection
 from harel_store.store import Store
 
@@ -110,3 +111,12 @@ def shell_env(*first: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
     path = [*map(str, first), str(Path(sys.executable).parent), env.get("PATH", "")]
     return {**env, "PATH": os.pathsep.join(path), **extra}
+
+
+def refused_batch() -> Batch:
+    """A write the database refuses (not a conflict): the remote guard's malformed JSON,
+    raised since the statement before it changed no row."""
+    batch = Batch()
+    batch.add("cancel_timer", "nobody", "nothing")
+    batch.add("guard_changed")
+    return batch

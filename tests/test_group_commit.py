@@ -6,7 +6,9 @@ proxy (`tests.proxy`) that holds each request long enough for the others to queu
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -18,9 +20,11 @@ from harel_store import (
     LibsqlStore,
     OutcomeUnknown,
     StoreConflict,
+    StoreError,
 )
-from harel_store.connection.hrana import GROUP_MAX
-from tests.helpers import wait_until
+from harel_store.batch import Batch
+from harel_store.connection.hrana import GROUP_MAX, _body, _Pending, _Wire
+from tests.helpers import refused_batch, wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
@@ -254,3 +258,46 @@ def test_threads_sharing_a_sync_store_group_their_commits(proxy: Proxy, server: 
         proxy.delay = 0
         assert len(store.pending_outbox()) == 8
         assert all(store.load_for_event(e.id, f"in-{e.id}")[1] for e in exes)
+
+
+def test_a_group_is_one_transaction_with_a_savepoint_a_member() -> None:
+    """Measured (benchmarks/remote.py): sqld commits a group of 32 as one transaction in
+    about a third of the time it takes for 32 transactions."""
+    batches = []
+    for i in range(3):
+        batch = Batch()
+        batch.guard("cancel_timer", f"exe-{i}", "t")
+        batch.on_conflict("execution_version", f"exe-{i}")
+        batches.append(batch)
+    body = json.loads(_body([_Pending(_Wire(b)) for b in batches]))
+    assert [r["type"] for r in body["requests"]] == ["batch", "close"]
+    sqls = [step["stmt"]["sql"] for step in body["requests"][0]["batch"]["steps"]]
+    words = Counter(sql.split()[0].rstrip(";") for sql in sqls)
+    assert (words["BEGIN"], words["COMMIT"], words["SAVEPOINT"], words["RELEASE"]) == (1, 1, 3, 3)
+    # A lone write is a transaction of its own, as it always was.
+    alone = json.loads(_body([_Pending(_Wire(batches[0]))]))
+    assert not any("SAVEPOINT" in s["stmt"]["sql"] for s in alone["requests"][0]["batch"]["steps"])
+
+
+def test_a_member_the_server_refuses_fails_alone(proxy: Proxy, server: SqldServer) -> None:
+    async def main() -> None:
+        store = await open_async(proxy, server)
+        assert store._remote is not None
+        exes = [Execution(id=f"r-{i}", definition_id="d") for i in range(4)]
+        first = await behind_a_write_in_flight(store, proxy)
+        sent = proxy.requests
+        refused, *results = await asyncio.gather(
+            store._remote.aexecute(refused_batch()),
+            *(store.commit(e, emit(e)) for e in exes),
+            return_exceptions=True,
+        )
+        await first
+        assert proxy.requests - sent == 1
+        assert type(refused) is StoreError and "malformed JSON" in str(refused), refused
+        assert all(isinstance(seqs, list) and len(seqs) == 1 for seqs in results), results
+        proxy.delay = 0
+        assert len(await store.pending_outbox()) == 4
+        assert [(await store.load(e.id)).version for e in exes] == [1] * 4  # type: ignore[union-attr]
+        await store.close()
+
+    asyncio.run(main())

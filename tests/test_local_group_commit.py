@@ -25,10 +25,9 @@ from harel_store import (
     StoreConflict,
     StoreError,
 )
-from harel_store.batch import Batch
 from harel_store.connection.local import LocalConnection
 from harel_store.store import Store
-from tests.helpers import wait_until
+from tests.helpers import refused_batch, wait_until
 
 DRIVERS: dict[str, type[Store]] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
 
@@ -53,15 +52,6 @@ def statements(store: Store) -> Iterator[list[str]]:
         yield ran
     finally:
         db.set_trace_callback(None)  # type: ignore[attr-defined]
-
-
-def refused_batch() -> Batch:
-    """A write the database refuses (not a conflict): the remote guard's malformed JSON,
-    raised since the statement before it changed no row."""
-    batch = Batch()
-    batch.add("cancel_timer", "nobody", "nothing")
-    batch.add("guard_changed")
-    return batch
 
 
 def queued_then_released(store: Store, calls: list[Callable[[], Any]]) -> list[Any]:

@@ -30,7 +30,6 @@ from harel_store.connection import http
 from harel_store.connection.watch import ListenWatch
 from harel_store.errors import OutcomeUnknown, StoreBusy, StoreError, scrub, translate
 
-_BEGIN, _COMMIT, _ROLLBACK = (statement(n) for n in ("begin", "commit", "rollback"))
 _GUARD = statement("guard_changed")
 
 
@@ -74,6 +73,19 @@ def _stmt(statement: Statement) -> dict[str, Any]:
     }
 
 
+_BEGIN_JSON, _COMMIT_JSON, _ROLLBACK_JSON, _SAVEPOINT_JSON, _RELEASE_JSON, _ROLLBACK_TO_JSON = (
+    json.dumps(_stmt(statement(name)), separators=(",", ":")).encode("ascii")
+    for name in (
+        "begin",
+        "commit",
+        "rollback",
+        "savepoint",
+        "release_savepoint",
+        "rollback_to_savepoint",
+    )
+)
+
+
 def _column(value: dict[str, Any]) -> Any:
     """A Hrana value as Python, checked against the type it declares."""
     kind = value["type"]
@@ -107,10 +119,38 @@ def _ok(step: int) -> dict[str, Any]:
     return {"type": "ok", "step": step}
 
 
-class _Wire:
-    """One request as an entry of a pipeline's ``requests``, and how to read its result."""
+def _step(condition: dict[str, Any] | None, stmt: bytes) -> bytes:
+    if condition is None:
+        return b'{"stmt":' + stmt + b"}"
+    return b'{"condition":' + _json(condition) + b',"stmt":' + stmt + b"}"
 
-    __slots__ = ("commit", "conflict", "guards", "part", "positions", "request", "write")
+
+def _failed(step: int) -> dict[str, Any]:
+    return {"type": "not", "cond": _ok(step)}
+
+
+class _Wire:
+    """One request as an entry of a pipeline's ``requests``, and how to read its result.
+
+    A write's steps are laid out by `place` at a position of a Hrana batch: alone (BEGIN,
+    its steps, COMMIT, ROLLBACK if the COMMIT did not run, the conflict read), or as a member
+    of a group that is one transaction (`_group_part`): between a SAVEPOINT and its RELEASE,
+    with a ROLLBACK TO the savepoint and the conflict read if one of its steps failed.
+    """
+
+    __slots__ = (
+        "commit",
+        "conflict",
+        "guards",
+        "last",
+        "members",
+        "part",
+        "positions",
+        "request",
+        "start",
+        "stmts",
+        "write",
+    )
 
     def __init__(self, request: Request) -> None:
         if isinstance(request, Fresh):  # every read here sees the primary
@@ -120,30 +160,50 @@ class _Wire:
         if not isinstance(request, Batch):
             self.part = _json({"type": "execute", "stmt": _stmt(request)})
             return
-        steps: list[dict[str, Any]] = [{"stmt": _stmt(_BEGIN)}]
-        self.positions: list[int] = []
-        self.guards: dict[int, int] = {}  # wire index of a guard -> the batch step it guards
+        # Each step's statement, and its guard's after it (None: not guarded), encoded once.
+        self.stmts: list[tuple[bytes, bytes | None]] = []
         for index, step in enumerate(request.steps):
-            steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(step)})
-            self.positions.append(len(steps) - 1)
+            guard = None
             if index in request.guards:
                 rows = request.guards[index]
-                guard = _GUARD if rows is None else statement("guard_rows", rows)
-                steps.append({"condition": _ok(len(steps) - 1), "stmt": _stmt(guard)})
-                self.guards[len(steps) - 1] = index
+                guard = _json(_stmt(_GUARD if rows is None else statement("guard_rows", rows)))
+            self.stmts.append((_json(_stmt(step)), guard))
+        self.part = self.alone()
+
+    def alone(self) -> bytes:
+        """The write as a batch of its own (laid out anew after it was a group's member)."""
+        steps = [_step(None, _BEGIN_JSON)]
+        self.place(steps)
+        self.members: frozenset[int] = frozenset()  # in a group: every member's own steps
         self.commit = len(steps)
-        steps.append({"condition": _ok(self.commit - 1), "stmt": _stmt(_COMMIT)})
-        steps.append(
-            {"condition": {"type": "not", "cond": _ok(self.commit)}, "stmt": _stmt(_ROLLBACK)}
-        )
+        steps.append(_step(_ok(self.commit - 1), _COMMIT_JSON))
+        steps.append(_step(_failed(self.commit), _ROLLBACK_JSON))
+        self._conflict_read(steps)
+        return b'{"type":"batch","batch":{"steps":[' + b",".join(steps) + b"]}}"
+
+    def place(self, steps: list[bytes]) -> None:
+        """Append the batch's steps to ``steps``, each run if the step before succeeded."""
+        self.start = len(steps)  # the first of them
+        self.positions: list[int] = []
+        self.guards: dict[int, int] = {}  # wire index of a guard -> the batch step it guards
+        for index, (stmt, guard) in enumerate(self.stmts):
+            steps.append(_step(_ok(len(steps) - 1), stmt))
+            self.positions.append(len(steps) - 1)
+            if guard is not None:
+                steps.append(_step(_ok(len(steps) - 1), guard))
+                self.guards[len(steps) - 1] = index
+        self.last = len(steps) - 1
+
+    def _conflict_read(self, steps: list[bytes]) -> None:
+        """Append the batch's conflict read, run if a guard failed."""
+        assert isinstance(self.request, Batch)
         self.conflict: int | None = None
-        if request.conflict is not None and self.guards:
+        if self.request.conflict is not None and self.guards:
             self.conflict = len(steps)
             failed = [{"type": "error", "step": g} for g in self.guards]
             steps.append(
-                {"condition": {"type": "or", "conds": failed}, "stmt": _stmt(request.conflict)}
+                _step({"type": "or", "conds": failed}, _json(_stmt(self.request.conflict)))
             )
-        self.part = _json({"type": "batch", "batch": {"steps": steps}})
 
     def decode(self, first: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
         """The request's result, or the server's error (nothing of the request applied);
@@ -154,16 +214,49 @@ class _Wire:
         if not isinstance(self.request, Batch):
             return _result(self.request, result), None
         request, results, errors = self.request, result["step_results"], result["step_errors"]
-        if results[self.commit] is not None:
+        if results[self.commit] is not None and results[self.last] is not None:
             steps = zip(request.steps, self.positions, strict=True)
             return [_result(step, results[p]) for step, p in steps], None
-        failed = next(j for j, error in enumerate(errors) if error is not None)
-        if failed in self.guards:
+        own = next((j for j in range(self.start, self.last + 1) if errors[j] is not None), None)
+        if own is None:  # its steps did not fail: the transaction did, for all its members
+            error = errors[self.commit]
+            if error is None:  # BEGIN, or a member's rollback to its savepoint
+                error = next(e for j, e in enumerate(errors) if e and j not in self.members)
+            return None, _error(error)
+        if own in self.guards:
             found = None
             if self.conflict is not None and request.conflict is not None:
                 found = _result(request.conflict, results[self.conflict])
-            raise Conflicted(self.guards[failed], found)
-        return None, _error(errors[failed])
+            raise Conflicted(self.guards[own], found)
+        return None, _error(errors[own])
+
+
+def _group_part(group: list[_Pending]) -> bytes:
+    """Several writes as one transaction: each member between a SAVEPOINT and its RELEASE,
+    run only once the member before it was released; a member whose step failed is rolled
+    back to its savepoint (and its conflict read) before its release, so that it fails
+    alone. COMMIT runs once every member is released; ROLLBACK if it did not run."""
+    steps = [_step(None, _BEGIN_JSON)]
+    for pending in group:
+        wire = pending.wire
+        savepoint = len(steps)
+        steps.append(_step(_ok(savepoint - 1), _SAVEPOINT_JSON))
+        wire.place(steps)
+        undo = len(steps)
+        failed = {"type": "and", "conds": [_ok(savepoint), _failed(wire.last)]}
+        steps.append(_step(failed, _ROLLBACK_TO_JSON))
+        wire._conflict_read(steps)
+        done = {"type": "or", "conds": [_ok(wire.last), _ok(undo)]}
+        steps.append(_step(done, _RELEASE_JSON))
+    commit = len(steps)
+    steps.append(_step(_ok(commit - 1), _COMMIT_JSON))
+    steps.append(_step(_failed(commit), _ROLLBACK_JSON))
+    members = frozenset(
+        j for pending in group for j in range(pending.wire.start, pending.wire.last + 1)
+    )
+    for pending in group:
+        pending.wire.commit, pending.wire.members = commit, members
+    return b'{"type":"batch","batch":{"steps":[' + b",".join(steps) + b"]}}"
 
 
 def _error(error: Any) -> dict[str, Any]:
@@ -180,8 +273,15 @@ def _json(value: dict[str, Any]) -> bytes:
 
 
 def _body(group: list[_Pending]) -> bytes:
-    """One pipeline on a new stream: the requests in order, then ``close``."""
-    parts = b",".join(pending.wire.part for pending in group)
+    """One pipeline on a new stream: the requests in order, or a group of writes as one
+    transaction (`_group_part`), then ``close``."""
+    if len(group) > 1 and group[0].wire.write:
+        parts = _group_part(group)
+    else:
+        wire = group[0].wire
+        if wire.write and wire.members:  # a group's member before, alone now
+            wire.part = wire.alone()
+        parts = b",".join(pending.wire.part for pending in group)
     return b'{"baton":null,"requests":[' + parts + b',{"type":"close"}]}'
 
 
@@ -563,8 +663,11 @@ class HranaConnection:
         try:
             reply = json.loads(answer.body)
             results = reply["results"]
-            if not isinstance(results, list) or len(results) != len(todo) + 1:
-                raise ValueError(f"{len(todo) + 1} results expected")
+            expected = 2 if len(todo) > 1 and todo[0].wire.write else len(todo) + 1
+            if not isinstance(results, list) or len(results) != expected:
+                raise ValueError(f"{expected} results expected")
+            if expected == 2:  # one transaction: every member reads its part of the one result
+                results = [results[0]] * len(todo)
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             for pending in todo:
                 pending.settle(None, self._garbled(pending.wire, exc))
