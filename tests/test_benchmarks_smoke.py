@@ -116,6 +116,15 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "purge_finished limit=1000 ids in update order executions/s",
         "smoke run (10,000 finished executions)",
     ),
+    "group": (
+        "file, synchronous=FULL: commits/s (best of 1)",
+        "32 tasks / 1, this tree",
+        "8 threads / 1, this tree",
+        "file, synchronous=NORMAL: commits/s (best of 1)",
+        "a lone commit's rate, this tree / 0f8bb95",
+        "fsync + fdatasync calls a commit, 32 tasks, FULL (strace)",
+        "smoke run, JSON not written",
+    ),
 }
 SERVED = {"http_client", "remote", "relays", "engine"}  # start their own sqld
 

@@ -191,30 +191,40 @@ class LocalConnection:
 
     def _write(self, batch: Batch) -> Any:
         member = _Member(batch)
-        self._written([member])
+        queue = self._queue
+        queue.append(member)
+        with self._lock:
+            if member.outcome is None:
+                if len(queue) == 1:  # alone: written as it comes, at no added cost
+                    queue.popleft()
+                    return self._retried(self._batch, batch)
+                self._lead(member)
         return member.result()
 
     def _written(self, members: list[_Member]) -> None:
-        """Group commit: batches that arrive while another transaction is being written wait
-        in the queue; whichever waiting thread gets the connection next writes the queue's
-        batches (up to GROUP_MAX) in one transaction, one fsync for all (`_group`). A lone
-        batch is written as it comes (`_batch`), at no added cost. Each member's outcome is
-        set when this returns."""
+        """Write ``members`` (in groups with whatever else waits); each has its outcome when
+        this returns."""
         self._queue.extend(members)
-        last = members[-1]
         with self._lock:
-            while last.outcome is None:  # a thread ahead of it may have written them
-                group = [self._queue.popleft() for _ in range(min(len(self._queue), GROUP_MAX))]
-                outcomes: list[tuple[Any, BaseException | None]]
-                try:
-                    if len(group) == 1:
-                        outcomes = [(self._retried(self._batch, group[0].batch), None)]
-                    else:
-                        outcomes = self._retried(self._group, group)
-                except BaseException as exc:  # nothing of the group was written, or unknown
-                    outcomes = [(None, exc if m is last else _copy(exc)) for m in group]
-                for m, outcome in zip(group, outcomes, strict=True):
-                    m.outcome = outcome
+            self._lead(members[-1])
+
+    def _lead(self, last: _Member) -> None:
+        """Group commit, the connection held: batches that arrive while another transaction
+        is being written wait in the queue; whichever waiting thread gets the connection
+        next writes the queue's batches (up to GROUP_MAX) in one transaction, one fsync for
+        all (`_group`), until ``last`` is written (a thread ahead of it may have done so)."""
+        while last.outcome is None:
+            group = [self._queue.popleft() for _ in range(min(len(self._queue), GROUP_MAX))]
+            outcomes: list[tuple[Any, BaseException | None]]
+            try:
+                if len(group) == 1:
+                    outcomes = [(self._retried(self._batch, group[0].batch), None)]
+                else:
+                    outcomes = self._retried(self._group, group)
+            except BaseException as exc:  # nothing of the group was written, or unknown
+                outcomes = [(None, exc if m is last else _copy(exc)) for m in group]
+            for m, outcome in zip(group, outcomes, strict=True):
+                m.outcome = outcome
 
     async def aexecute(self, request: Request) -> Any:
         """Async version of `execute`, in a worker thread. The batches that an event loop's
