@@ -115,18 +115,28 @@ def _result(statement: Statement, result: dict[str, Any]) -> Any:
     return shape(statement[0], rows, result["affected_row_count"])
 
 
-def _ok(step: int) -> dict[str, Any]:
-    return {"type": "ok", "step": step}
+# A batch step's condition, as the JSON text it is sent as (made for every step of every
+# write: formatted, not json.dumps'ed).
+def _ok(step: int) -> bytes:
+    return b'{"type":"ok","step":%d}' % step
 
 
-def _step(condition: dict[str, Any] | None, stmt: bytes) -> bytes:
+def _failed(step: int) -> bytes:
+    return b'{"type":"not","cond":{"type":"ok","step":%d}}' % step
+
+
+def _any(*conds: bytes) -> bytes:
+    return b'{"type":"or","conds":[' + b",".join(conds) + b"]}"
+
+
+def _all(*conds: bytes) -> bytes:
+    return b'{"type":"and","conds":[' + b",".join(conds) + b"]}"
+
+
+def _step(condition: bytes | None, stmt: bytes) -> bytes:
     if condition is None:
         return b'{"stmt":' + stmt + b"}"
-    return b'{"condition":' + _json(condition) + b',"stmt":' + stmt + b"}"
-
-
-def _failed(step: int) -> dict[str, Any]:
-    return {"type": "not", "cond": _ok(step)}
+    return b'{"condition":' + condition + b',"stmt":' + stmt + b"}"
 
 
 class _Wire:
@@ -200,10 +210,8 @@ class _Wire:
         self.conflict: int | None = None
         if self.request.conflict is not None and self.guards:
             self.conflict = len(steps)
-            failed = [{"type": "error", "step": g} for g in self.guards]
-            steps.append(
-                _step({"type": "or", "conds": failed}, _json(_stmt(self.request.conflict)))
-            )
+            failed = _any(*(b'{"type":"error","step":%d}' % g for g in self.guards))
+            steps.append(_step(failed, _json(_stmt(self.request.conflict))))
 
     def decode(self, first: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
         """The request's result, or the server's error (nothing of the request applied);
@@ -243,10 +251,10 @@ def _group_part(group: list[_Pending]) -> bytes:
         steps.append(_step(_ok(savepoint - 1), _SAVEPOINT_JSON))
         wire.place(steps)
         undo = len(steps)
-        failed = {"type": "and", "conds": [_ok(savepoint), _failed(wire.last)]}
+        failed = _all(_ok(savepoint), _failed(wire.last))
         steps.append(_step(failed, _ROLLBACK_TO_JSON))
         wire._conflict_read(steps)
-        done = {"type": "or", "conds": [_ok(wire.last), _ok(undo)]}
+        done = _any(_ok(wire.last), _ok(undo))
         steps.append(_step(done, _RELEASE_JSON))
     commit = len(steps)
     steps.append(_step(_ok(commit - 1), _COMMIT_JSON))
