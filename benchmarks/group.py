@@ -30,7 +30,8 @@ import asyncio, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from harel_store import AsyncLibsqlStore, Event, Execution, LibsqlStore
 
-path, how, workers, n, synchronous = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+path, how, workers, n, synchronous = sys.argv[2:7]
+workers, n = int(workers), int(n)
 store = LibsqlStore(path, synchronous=synchronous)
 exes = [Execution(id=f"e{i}", definition_id="bench") for i in range(workers)]
 each = max(1, n // workers)
