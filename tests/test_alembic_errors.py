@@ -285,14 +285,6 @@ def test_alembic_revision_makes_the_next_numbered_revision_and_its_sql_files(
     assert {folder: files_under(ROOT / folder) for folder in checkout} == checkout
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["-m", "café crème"], "a revision is named from its message in ASCII letters, digits"),
-        ([], "a revision is named from its message: alembic revision -m 'what it does'"),
-        (["-m", "x", "--rev-id", "0001"], "not 0001: they are numbered in order"),
-    ],
-)
 def alembic_over_the_copy(ini: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``alembic -c INI ARGS`` whose revisions read the copy's sql/migrations/ (`run_sql`
     reads the package's, where a revision made in the copy has no files)."""
@@ -340,6 +332,14 @@ def test_a_revision_alembic_makes_upgrades_and_downgrades(tmp_path: Path) -> Non
     assert history.stdout.startswith(f"{head} -> {rev} (head), a thing table\n")
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "café crème"], "a revision is named from its message in ASCII letters, digits"),
+        ([], "a revision is named from its message: alembic revision -m 'what it does'"),
+        (["-m", "x", "--rev-id", "0001"], "not 0001: they are numbered in order"),
+    ],
+)
 def test_alembic_revision_refuses_what_would_break_the_numbered_chain(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
