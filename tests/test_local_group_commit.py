@@ -178,3 +178,73 @@ def test_a_group_waits_for_another_process_holding_the_file(driver: str, tmp_pat
     assert all(isinstance(seqs, list) for seqs in outcomes), outcomes
     assert [store.load(exe.id) is not None for exe in exes] == [True] * 8
     store.close()
+
+
+def test_a_cancelled_task_whose_write_waits_learns_what_is_stored(tmp_path: Path) -> None:
+    """A task cancelled while its batch waits for the loop's group still gets its outcome
+    (a request once queued is never abandoned half-way): its ``exe.version`` says whether
+    the commit landed, and the others land."""
+    sync = LibsqlStore(tmp_path / "group.db")
+    conn = local(sync)
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(6)]
+
+    async def main() -> None:
+        store = AsyncLibsqlStore(sync)
+        conn._lock.acquire()  # the first write is stuck in its worker until released
+        try:
+            first = asyncio.create_task(store.commit(exes[0], emit(exes[0], 1)))
+            await asyncio.to_thread(wait_until, lambda: len(conn._queue) == 1, "the first write")
+            rest = [asyncio.create_task(store.commit(e, emit(e, 1))) for e in exes[1:]]
+            await asyncio.sleep(0.05)  # they wait on the loop, behind the first
+            rest[2].cancel()
+            await asyncio.sleep(0.05)
+        finally:
+            conn._lock.release()
+        outcomes = await asyncio.gather(first, *rest, return_exceptions=True)
+        assert isinstance(outcomes[3], asyncio.CancelledError)
+        assert all(isinstance(o, list) for i, o in enumerate(outcomes) if i != 3), outcomes
+
+    asyncio.run(main())
+    for exe in exes:
+        stored = sync.load(exe.id)
+        assert (stored.version if stored else 0) == exe.version, exe.id
+    assert exes[0].version == 1 and exes[1].version == 1
+    sync.close()
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_writes_waiting_when_the_store_closes_fail_or_land_as_they_say(
+    driver: str, tmp_path: Path
+) -> None:
+    db = tmp_path / "group.db"
+    store = DRIVERS[driver](db)
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(6)]
+    calls: list[Callable[[], Any]] = [
+        *(lambda exe=exe: store.commit(exe, emit(exe, 1)) for exe in exes),
+    ]
+    conn = local(store)
+    closer = threading.Thread(target=store.close)
+    outcomes: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = calls[i]()
+        except Exception as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    with conn._lock:
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(conn._queue) == len(calls), "every write waits")
+        closer.start()  # it waits for the connection too: a race with the writes
+    for t in [*threads, closer]:
+        t.join(timeout=30)
+    with DRIVERS[driver](db) as again:
+        for exe, outcome in zip(exes, outcomes, strict=True):
+            stored = again.load(exe.id)
+            if isinstance(outcome, list):
+                assert stored is not None and exe.version == 1
+            else:
+                assert isinstance(outcome, StoreError) and "closed" in str(outcome), outcome
+                assert stored is None and exe.version == 0
