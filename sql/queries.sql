@@ -1056,6 +1056,37 @@ SELECT (SELECT COUNT(*) FROM harel_outbox WHERE seq > 0),
        (SELECT COUNT(*) FROM harel_spawns WHERE seq < 0),
        (SELECT COUNT(*) FROM harel_timers WHERE dead_at IS NOT NULL);
 
+-- name: metrics
+-- row: name text, label text?, value real?
+-- Every gauge of `harel-store metrics`, in one statement, so that they are one consistent
+-- read: executions by status; pending (a timer: due at ?1), claimed under a live lease and
+-- dead items by kind; timers due later than ?1; when the oldest pending outbox entry and
+-- spawn were written and the soonest live timer's fire_at (their ages: against `now`,
+-- the database's clock, and ?1, the engine's); and the database's clock.
+SELECT 'executions', COALESCE(status, 'unknown'), COUNT(*) FROM harel_executions GROUP BY 2
+UNION ALL SELECT 'pending', 'outbox', (SELECT COUNT(*) FROM harel_outbox WHERE seq > 0)
+UNION ALL SELECT 'pending', 'spawn', (SELECT COUNT(*) FROM harel_spawns WHERE seq > 0)
+UNION ALL SELECT 'pending', 'timer',
+    (SELECT COUNT(*) FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL)
+UNION ALL SELECT 'scheduled', 'timer',
+    (SELECT COUNT(*) FROM harel_timers WHERE fire_at > ?1 AND dead_at IS NULL)
+UNION ALL SELECT 'claimed', 'outbox', (SELECT COUNT(*) FROM harel_outbox
+    WHERE claimed_by IS NOT NULL AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+UNION ALL SELECT 'claimed', 'spawn', (SELECT COUNT(*) FROM harel_spawns
+    WHERE claimed_by IS NOT NULL AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+UNION ALL SELECT 'claimed', 'timer', (SELECT COUNT(*) FROM harel_timers
+    WHERE claimed_by IS NOT NULL AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+UNION ALL SELECT 'dead', 'outbox', (SELECT COUNT(*) FROM harel_outbox WHERE seq < 0)
+UNION ALL SELECT 'dead', 'spawn', (SELECT COUNT(*) FROM harel_spawns WHERE seq < 0)
+UNION ALL SELECT 'dead', 'timer', (SELECT COUNT(*) FROM harel_timers WHERE dead_at IS NOT NULL)
+UNION ALL SELECT 'oldest_at', 'outbox',
+    (SELECT created_at FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT 1)
+UNION ALL SELECT 'oldest_at', 'spawn',
+    (SELECT created_at FROM harel_spawns WHERE seq > 0 ORDER BY seq LIMIT 1)
+UNION ALL SELECT 'soonest_at', 'timer',
+    (SELECT MIN(fire_at) FROM harel_timers WHERE dead_at IS NULL)
+UNION ALL SELECT 'now', NULL, (julianday('now') - 2440587.5) * 86400.0;
+
 -- One dead letter by its key, in the shape of dead_letters (operator commands: revive and
 -- discard by key): an outbox entry's or a spawn's seq ?1 (stored negated), a timer's
 -- execution_id ?1 and path ?2.

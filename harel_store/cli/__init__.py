@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from harel_store import __version__
-from harel_store.cli import dead, demo, executions, gc, relays, schema, status
+from harel_store.cli import dead, demo, executions, gc, metrics, relays, schema, status
 from harel_store.cli.common import Command
 from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
@@ -24,6 +24,7 @@ __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 COMMANDS: list[Command] = [
     *schema.COMMANDS[:1],
     *status.COMMANDS,
+    *metrics.COMMANDS,
     *executions.COMMANDS[:3],  # ls, show, trace
     *relays.COMMANDS,
     *dead.COMMANDS,

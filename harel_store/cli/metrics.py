@@ -1,0 +1,193 @@
+"""``metrics``: the database's gauges in the Prometheus text format, printed once (a
+textfile collector, a cron) or served at ``/metrics`` with ``--listen`` (each scrape reads
+them anew). Every gauge of a scrape comes from one statement (``metrics`` in
+sql/queries.sql): one consistent read. Needs the ``prometheus`` extra (prometheus-client)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Any
+
+from harel_store.batch import Plan, statement
+from harel_store.cli.common import Command, database, open_store
+from harel_store.cli.output import PROG, Failure
+from harel_store.connection import show
+from harel_store.errors import StoreError
+from harel_store.models import STATUSES
+from harel_store.store import Store
+
+KINDS = ("outbox", "spawn", "timer")
+
+# name, help, the query's rows it is made of, its label (None: no label)
+GAUGES = (
+    ("executions", "Executions by status.", "executions", "status"),
+    (
+        "pending_items",
+        "Relay items waiting: outbox entries, spawns, due timers.",
+        "pending",
+        "kind",
+    ),
+    ("claimed_items", "Relay items a worker holds under a live lease.", "claimed", "kind"),
+    ("dead_items", "Dead letters: items that reached max_attempts.", "dead", "kind"),
+    ("timers_scheduled", "Live timers not yet due.", "scheduled", None),
+)
+
+
+def snapshot(now: float) -> Plan[dict[tuple[str, str | None], float | None]]:
+    """The ``metrics`` statement's rows by (name, label)."""
+    rows = yield statement("metrics", now)
+    return {(name, label): value for name, label, value in rows}
+
+
+def families(store: Store, where: str) -> Iterator[Any]:
+    """The gauges of one consistent read, as prometheus-client metric families."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    now = time.time()
+    read = store._run(snapshot(now))
+
+    def family(name: str, text: str, label: str | None = None) -> Any:
+        labels = ["database", label] if label else ["database"]
+        return GaugeMetricFamily(f"harel_store_{name}", text, labels=labels)
+
+    for name, text, row, label in GAUGES:
+        gauge = family(name, text, label)
+        if label is None:
+            gauge.add_metric([where], read.get((row, "timer")) or 0.0)
+        else:
+            keys = STATUSES if row == "executions" else KINDS
+            more = sorted(k for r, k in read if r == row and k is not None and k not in keys)
+            for key in (*keys, *more):  # a status the store does not know: "unknown"
+                gauge.add_metric([where, key], read.get((row, key)) or 0.0)
+        yield gauge
+    clock = read.get(("now", None)) or now
+    oldest = family(
+        "oldest_pending_age_seconds",
+        "Age of the oldest pending outbox entry and spawn (0: none), on the database's clock.",
+        "kind",
+    )
+    for kind in KINDS[:2]:
+        at = read.get(("oldest_at", kind))
+        pending = read.get(("pending", kind)) or 0
+        oldest.add_metric([where, kind], max(clock - at, 0.0) if at is not None and pending else 0)
+    yield oldest
+    lag = family("timer_lag_seconds", "How late the most overdue timer is (0: none due).")
+    soonest = read.get(("soonest_at", "timer"))
+    lag.add_metric([where], max(now - soonest, 0.0) if soonest is not None else 0.0)
+    yield lag
+
+
+def exposition(store: Store, where: str) -> bytes:
+    """The Prometheus text of one read."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class Collector:
+        def collect(self) -> Iterator[Any]:
+            return families(store, where)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return generate_latest(registry)
+
+
+def _require_client() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise Failure(
+            "metrics needs prometheus-client: pip install 'harel-store[prometheus]'"
+        ) from None
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, not {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def metrics(args: argparse.Namespace) -> int:
+    _require_client()
+    where = show(database(args))
+    with open_store(args, read_only=True) as store:
+        if args.listen is None:
+            sys.stdout.buffer.write(exposition(store, where))
+            sys.stdout.flush()
+            return 0
+        return _serve(store, where, args.listen)
+
+
+def _serve(store: Store, where: str, address: tuple[str, int]) -> int:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self._send(404, b"not found: the gauges are at /metrics\n", "text/plain")
+                return
+            try:
+                body = exposition(store, where)
+            except StoreError as exc:  # said in one line, never a secret (the store's words)
+                self._send(503, f"{exc}\n".encode(), "text/plain")
+                return
+            self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+        def _send(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: a scrape every few seconds is no news."""
+
+    server = ThreadingHTTPServer(address, Handler)
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"{PROG}: serving the gauges of {where} at http://{host}:{port}/metrics", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        type=_address,
+        metavar="HOST:PORT",
+        help="serve the gauges at http://HOST:PORT/metrics, read anew at each scrape, "
+        "until SIGTERM or Ctrl-C (port 0: any free port, printed)",
+    )
+
+
+COMMANDS = [
+    Command(
+        "metrics",
+        "the database's gauges in the Prometheus text format; --listen to serve /metrics",
+        f"""Gauges (every one labelled with the database, never its token): executions by
+status, relay items pending, claimed and dead by kind, timers scheduled, the oldest pending
+outbox entry's and spawn's age, the most overdue timer's lag. One consistent read each time.
+
+--listen HOST:PORT serves them at http://HOST:PORT/metrics until SIGTERM (port 0: a free
+port, printed), each scrape one read; a read that fails answers 503 with the store's error.
+
+examples:
+  {PROG} metrics
+  {PROG} metrics > harel_store.prom   # node_exporter's textfile collector reads *.prom""",
+        metrics,
+        configure,
+    )
+]

@@ -1,0 +1,158 @@
+"""``harel-store metrics``: the database's gauges in the Prometheus text format, read back with
+prometheus-client's own parser, on a file and on sqld; served at /metrics with --listen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from harel_store import Event, Execution, LibsqlStore, TimerOp
+from tests.test_cli import CLI, cli, failed, ok
+
+DAY = 86400.0
+
+
+def gauges(text: str) -> dict[tuple[str, str], float]:
+    """Each sample by (name, its label other than the database) (the database: checked)."""
+    samples: dict[tuple[str, str], float] = {}
+    databases = set()
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge" and family.name.startswith("harel_store_"), family
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            databases.add(labels.pop("database"))
+            samples[sample.name, next(iter(labels.values()), "")] = sample.value
+    assert len(databases) == 1, databases
+    return samples
+
+
+def setup(database: str, auth_token: str = "") -> None:
+    """Two running executions, one finished, one failed; three outbox entries (one claimed,
+    one dead), a spawn; a timer due a day ago and one due in a day."""
+    now = time.time()
+    with LibsqlStore(database, auth_token=auth_token) as s:
+        for i, status in enumerate(("running", "running", "finished", "failed")):
+            s.save(Execution(id=f"exe-{i}", definition_id="d", status=status))
+        exe = s.load("exe-0")
+        assert exe is not None
+        s.commit(
+            exe,
+            [(None, Event(name=f"e{i}")) for i in range(3)],
+            timers=[TimerOp.schedule("late", now - DAY), TimerOp.schedule("soon", now + DAY)],
+            spawns=[("kid", "root", {})],
+        )
+        (dead,) = s.claim_outbox("w", limit=1, max_attempts=1)
+        s.fail("w", [dead], error="gave up")  # one attempt spent: dead at the next claim
+        s.claim_outbox("w", limit=1, max_attempts=1)  # marks it dead, holds the next one
+
+
+EXPECTED = {
+    ("harel_store_executions", "running"): 2,
+    ("harel_store_executions", "finished"): 1,
+    ("harel_store_executions", "failed"): 1,
+    ("harel_store_executions", "cancelled"): 0,
+    ("harel_store_pending_items", "outbox"): 2,
+    ("harel_store_pending_items", "spawn"): 1,
+    ("harel_store_pending_items", "timer"): 1,
+    ("harel_store_claimed_items", "outbox"): 1,
+    ("harel_store_claimed_items", "spawn"): 0,
+    ("harel_store_claimed_items", "timer"): 0,
+    ("harel_store_dead_items", "outbox"): 1,
+    ("harel_store_dead_items", "spawn"): 0,
+    ("harel_store_dead_items", "timer"): 0,
+    ("harel_store_timers_scheduled", ""): 1,
+    ("harel_store_oldest_pending_age_seconds", "spawn"): 0,  # checked below
+}
+
+
+def check(found: dict[tuple[str, str], float]) -> None:
+    for key, value in EXPECTED.items():
+        if key != ("harel_store_oldest_pending_age_seconds", "spawn"):
+            assert found[key] == value, (key, found[key])
+    assert 0 <= found["harel_store_oldest_pending_age_seconds", "outbox"] < 60
+    assert 0 <= found["harel_store_oldest_pending_age_seconds", "spawn"] < 60
+    assert DAY <= found["harel_store_timer_lag_seconds", ""] < DAY + 60
+    assert len(found) == len(EXPECTED) + 2
+
+
+def test_the_gauges_of_a_known_file(tmp_path: Path) -> None:
+    db = str(tmp_path / "m.db")
+    setup(db)
+    out = ok(cli("metrics", "--url", db))
+    assert f'database="{db}"' in out
+    check(gauges(out))
+
+
+@pytest.mark.sqld
+def test_the_gauges_of_a_server_never_show_its_token(server: Any) -> None:
+    setup(server.url, server.token)
+    result = cli("metrics", "--url", server.url, env={"HAREL_AUTH_TOKEN": server.token})
+    out = ok(result)
+    assert server.token not in out + result.stderr
+    assert f'database="{server.url}"' in out
+    check(gauges(out))
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        assert reply.status == 200
+        assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return str(reply.read().decode())
+
+
+def test_listen_serves_each_scrape_anew_and_stops_on_sigterm(tmp_path: Path) -> None:
+    db = str(tmp_path / "m.db")
+    setup(db)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
+    proc = subprocess.Popen(
+        [str(CLI), "metrics", "--url", db, "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("harel-store: serving the gauges of "), line
+        url = line.split(" at ")[1].strip()
+        assert url.endswith("/metrics")
+        check(gauges(scrape(url)))
+        with LibsqlStore(db) as s:  # another writer moves on: the next scrape sees it
+            s.save(Execution(id="exe-9", definition_id="d", status="cancelled"))
+        assert gauges(scrape(url))["harel_store_executions", "cancelled"] == 1
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(url.removesuffix("metrics"), timeout=10)
+        assert missing.value.code == 404
+        missing.value.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert "Traceback" not in err, err
+
+
+def test_without_prometheus_client_it_says_what_to_install(tmp_path: Path) -> None:
+    db = str(tmp_path / "m.db")
+    LibsqlStore(db).close()
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None; from harel_store.cli import main;"
+        " sys.argv = ['harel-store', 'metrics', '--url', sys.argv[1]]; sys.exit(main())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, db], capture_output=True, text=True, timeout=60
+    )
+    line = failed(result)
+    assert "pip install 'harel-store[prometheus]'" in line, line
