@@ -1,41 +1,37 @@
-"""Claimable relays: how fast worker processes drain the outbox with an ack per entry and
-with one ack a batch, what an engine-like delivery costs in each shape, what a claim costs
-as the backlog (and its dead letters) grows, and what the relay runtime (`Relay`,
-`AsyncRelay`) delivers, how soon it wakes and what it costs idle. Not a test: the figures
-depend on the machine; the ratios, each against a baseline measured in the same run, carry
-across.
+"""Claimable relays: how fast worker processes drain the outbox (an ack per entry, or one a
+batch), what an engine-like delivery costs in each shape, what a claim costs as the backlog
+and its dead letters grow, and what the relay runtime (`Relay`, `AsyncRelay`) delivers, how
+soon it wakes and what it costs idle. Not a test: the figures depend on the machine; the
+ratios, each against a baseline measured in the same run, carry across.
 
     python -m benchmarks.relays              # full: ~4-6 minutes on 2 cores (section 4: ~2)
     python -m benchmarks.relays --quick      # fewer entries and repetitions (~2-3 minutes)
     python -m benchmarks.relays --only 4b    # one section (a number: all its parts)
     python -m benchmarks.relays --smoke      # every section once, tiny: that it works
 
-1. Drains: the outbox seeded with bulk SQL, then 1, 2 and 4 worker *processes* (a pool,
-   started once) each looping ``claim_outbox(worker, limit=100)`` until a claim comes back
-   empty, acking each entry on its own (``ack_outbox(seq)``) or the batch with one
-   ``store.ack(entries)``: entries/s, the scaling from 1 worker, batch over per-entry acks,
-   and a check that every entry was delivered once. (a) A local file at ``synchronous=FULL``
-   and ``NORMAL``; (b) sqld behind the 20 ms link, and with no delay.
-2. Engine-like delivery to 100 targets, this process draining with ``claim_outbox`` and, per
-   entry, today's handler (``load``, ``commit(processed_event_id=)``, ``ack_outbox``) or the
-   one-trip one (``load_for_event``, ``commit(acks=(entry,))``): events/s, one over the
-   other, (a) on a file at FULL and (b) on the link, with the requests an event.
+1. Drains: the outbox seeded with bulk SQL, then 1, 2 and 4 worker processes each looping
+   ``claim_outbox(worker, limit=100)`` until it comes back empty, with ``ack_outbox(seq)``
+   per entry or one ``store.ack(entries)``: entries/s, the scaling from 1 worker, batch over
+   per-entry acks, every entry delivered once; (a) a file at FULL and NORMAL, (b) sqld
+   behind the 20 ms link, and with no delay.
+2. Engine-like delivery to 100 targets from a ``claim_outbox`` loop, per entry today's
+   handler (``load``, ``commit(processed_event_id=)``, ``ack_outbox``) or the one-trip one
+   (``load_for_event``, ``commit(acks=(entry,))``): events/s, one over the other, (a) on a
+   file at FULL, (b) on the link, with the requests an event.
 3. Claim cost: the median ``claim_outbox`` and ``claim_due_timers`` (limit 100, without and
    with ``max_attempts=10``, which sweeps dead letters first) with 1M pending and 100k dead
-   letters of each kind where a naive claim meets them first, over 1k pending and none; the
-   claimed rows are given back with ``store.revive`` between calls.
-4. The relay runtime with section 2's one-trip handler, against section 2's hand-written
-   loop: (a) on a file at FULL, ``Relay.run_once()`` and ``AsyncRelay(concurrency=32)``
-   until a round handles nothing, the shapes taking turns (each keeps its fastest run), and
-   the Relay over its handler in a bare claim loop; (b) the AsyncRelay on the link, and the
-   client CPU a request; (c) wake-up: an idle relay (``poll=30``), the time from before a
-   commit of one emit to its handler's start; (d) the CPU of an idle ``Relay`` (``poll=1``,
-   three handlers), less the same process idle, as a share of one core.
+   letters of each kind, over 1k pending; claimed rows given back with ``store.revive``.
+4. The relay runtime with section 2's one-trip handler against the hand-written loop: (a) on
+   a file at FULL, ``Relay.run_once()`` and ``AsyncRelay(concurrency=32)``, the shapes taking
+   turns (each keeps its fastest run), and the Relay over its handler in a bare claim loop;
+   (b) the AsyncRelay on the link, and the client CPU a request; (c) wake-up: from before a
+   commit of one emit to its handler's start, idle relay (``poll=30``); (d) the CPU of an
+   idle ``Relay`` (``poll=1``, three handlers) less the same process idle, in % of a core.
 
 No file is open in two SQLite libraries at once in one process (closing the second one
-unlinks the first one's WAL): a drain's or claim-cost file is seeded with stdlib ``sqlite3``
-here and opened with libsql only once that is closed (a drain's: by the workers). Prints a
-table and writes JSON to ``benchmarks/results/relays-<timestamp>.json`` (not in a smoke run).
+unlinks the first one's WAL): drain and claim-cost files are seeded with stdlib ``sqlite3``,
+closed, then opened with libsql. Prints a table and writes JSON to
+``benchmarks/results/relays-<timestamp>.json`` (not in a smoke run).
 """
 
 from __future__ import annotations
@@ -234,40 +230,6 @@ class Drain:
         return sent / self.entries
 
 
-def drain(
-    procs: list[Child],
-    job: dict[str, Any],
-    seeded: range,
-    left: Callable[[], int],
-    proxy: Proxy | None,
-) -> Drain:
-    """Let the workers `procs` go at once on the seeded outbox (`job`: where, how to ack), and
-    check what they delivered; `proxy` (remote) counts the requests."""
-    for i, proc in enumerate(procs):
-        proc.send(json.dumps(job | {"name": f"w{i}"}))
-    if [proc.line() for proc in procs] != ["ready"] * len(procs):
-        raise RuntimeError("a worker did not open its store")
-    before = proxy.requests() if proxy else 0
-    started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on Linux
-    for proc in procs:
-        proc.send("go")
-    outs = [json.loads(proc.line(600)) for proc in procs]
-    counts = Counter(seq for out in outs for seq in out["seqs"])
-    total = {key: sum(out[key] for out in outs) for key in ("claims", "acks", "cpu", "mismatched")}
-    return Drain(
-        workers=len(procs),
-        batched=job["batched"],
-        entries=len(seeded),
-        seconds=max(out["ended"] for out in outs) - started,
-        delivered=counts.total(),
-        duplicates=counts.total() - len(counts),
-        lost=sum(1 for seq in seeded if seq not in counts),
-        left=left(),
-        link_requests=proxy.requests() - before if proxy else None,
-        **total,
-    )
-
-
 def local_db(path: Path) -> sqlite3.Connection:
     """A file migrated to head by stdlib sqlite3 (SqliteStore), and a stdlib connection to it."""
     SqliteStore(path, synchronous="OFF").close()
@@ -296,23 +258,46 @@ def drained(
     procs: list[Child], job: dict[str, Any], n: int, at: Path | Served, proxy: Proxy | None
 ) -> Drain:
     """`n` entries seeded in the outbox of sqld, or of a fresh file in `at` (removed
-    afterwards), then drained by the workers `procs`."""
+    afterwards); the workers `procs` let go at once on them (`job`: where, how to ack), and
+    what they delivered checked; `proxy` (remote) counts the requests."""
     run = next(RUNS)
-    if isinstance(at, Served):
-        srv, base = at.srv, run * 10_000_000
-        assert pipeline(srv.url, srv.token, SEED_OUTBOX, base, n) == n
-        left = functools.partial(pipeline, srv.url, srv.token, OUTBOX_LEFT)
-        return drain(procs, job | {"token": srv.token}, range(base + 1, base + n + 1), left, proxy)
-    path = at / f"drain-{run}.db"
-    with contextlib.closing(local_db(path)) as conn:
-        conn.execute(SEED_OUTBOX, (0, n))
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        job |= {"database": str(path)}
-        done = drain(
-            procs, job, range(1, n + 1), lambda: conn.execute(OUTBOX_LEFT).fetchone()[0], None
+    left: Callable[[], int]  # a count of the rows in the outbox
+    with contextlib.ExitStack() as stack:
+        if isinstance(at, Served):
+            srv, base = at.srv, run * 10_000_000
+            assert pipeline(srv.url, srv.token, SEED_OUTBOX, base, n) == n
+            seeded, job = range(base + 1, base + n + 1), job | {"token": srv.token}
+            left = functools.partial(pipeline, srv.url, srv.token, OUTBOX_LEFT)
+        else:
+            path = at / f"drain-{run}.db"
+            stack.callback(path.unlink)
+            conn = stack.enter_context(contextlib.closing(local_db(path)))
+            conn.execute(SEED_OUTBOX, (0, n))
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            seeded, job = range(1, n + 1), job | {"database": str(path)}
+            left = lambda: int(conn.execute(OUTBOX_LEFT).fetchone()[0])  # noqa: E731
+        for i, proc in enumerate(procs):
+            proc.send(json.dumps(job | {"name": f"w{i}"}))
+        if [proc.line() for proc in procs] != ["ready"] * len(procs):
+            raise RuntimeError("a worker did not open its store")
+        before = proxy.requests() if proxy else 0
+        started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on Linux
+        for proc in procs:
+            proc.send("go")
+        outs = [json.loads(proc.line(600)) for proc in procs]
+        counts = Counter(seq for out in outs for seq in out["seqs"])
+        return Drain(
+            workers=len(procs),
+            batched=job["batched"],
+            entries=len(seeded),
+            seconds=max(out["ended"] for out in outs) - started,
+            delivered=counts.total(),
+            duplicates=counts.total() - len(counts),
+            lost=sum(1 for seq in seeded if seq not in counts),
+            left=left(),
+            link_requests=proxy.requests() - before if proxy else None,
+            **{k: sum(out[k] for out in outs) for k in ("claims", "acks", "cpu", "mismatched")},
         )
-    path.unlink()
-    return done
 
 
 def workers_label(n: int) -> str:
@@ -455,11 +440,6 @@ class Delivery:
     def requests_per_event(self) -> float:
         return (self.link_requests if self.link_requests is not None else self.calls) / self.events
 
-    @property
-    def off(self) -> int:
-        """Deliveries not made once, entries left, version bumps not one a delivery."""
-        return self.duplicates + self.lost + self.left + abs(self.bumps - self.events)
-
 
 async def maybe(result: Any) -> Any:
     """A sync store's result, or an async store's awaited."""
@@ -546,13 +526,10 @@ def delivered(shape: str, n: int, at: Path | Served) -> Delivery:
             if check.load(eid) is None:
                 check.commit(Execution(id=eid, definition_id=TARGET_DEF), [])
         source = check.load("source") or Execution(id="source", definition_id="relay-bench-source")
-        seeded: list[int] = []
-        for start in range(0, n, EMITS):
-            emits = [
-                (targets[i % len(targets)], Event(name="n", id=f"e{run}-{i}"))
-                for i in range(start, min(n, start + EMITS))
-            ]
-            seeded += check.commit(source, emits)
+        emits = [(targets[i % len(targets)], Event(name="n", id=f"e{run}-{i}")) for i in range(n)]
+        seeded = [
+            seq for k in range(0, n, EMITS) for seq in check.commit(source, emits[k : k + EMITS])
+        ]
         if shape != ASYNC_RELAY:
             with LibsqlStore(url, **opts) if proxy else contextlib.nullcontext(check) as store:
                 done = asyncio.run(deliver(shape, store, check, seeded, proxy))
@@ -575,7 +552,8 @@ def report_rates(report: Report, label: str, runs: list[Delivery]) -> None:
 
 
 def report_off(report: Report, label: str, runs: list[Delivery]) -> None:
-    bad = sum(d.off for d in runs)
+    """Deliveries not made once, entries left, version bumps not one a delivery."""
+    bad = sum(d.duplicates + d.lost + d.left + abs(d.bumps - d.events) for d in runs)
     report.add(f"{label}: lost / duplicated / version bumps off", str(bad), "0", bad == 0)
 
 
