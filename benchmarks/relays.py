@@ -460,30 +460,26 @@ async def deliver(
     behind the proxy) reads the targets' versions and what is left, outside the timing."""
     seqs: Counter[int] = Counter()
     calls = [0]  # the handlers' store calls
-    run_once: Callable[[], Any]
-    if shape in SHAPES:
-        handler = SHAPES[shape]
+    handler = SHAPES.get(shape, one_trip)
 
-        def run_once() -> int:
-            entries = store.claim_outbox("deliverer", limit=LIMIT)
-            for entry in entries:
-                seqs[entry.seq] += 1
-                calls[0] += handler(store, entry)
-            return len(entries)
+    def handle(entry: OutboxEntry) -> None:
+        seqs[entry.seq] += 1
+        calls[0] += handler(store, entry)
 
-    elif shape == "Relay":
+    async def ahandle(entry: OutboxEntry) -> None:
+        seqs[entry.seq] += 1
+        calls[0] += await one_trip_async(store, entry)
 
-        def handle(entry: OutboxEntry) -> None:
-            seqs[entry.seq] += 1
-            calls[0] += one_trip(store, entry)
+    def by_hand() -> int:
+        entries = store.claim_outbox("deliverer", limit=LIMIT)
+        for entry in entries:
+            handle(entry)
+        return len(entries)
 
+    run_once: Callable[[], Any] = by_hand
+    if shape == "Relay":
         run_once = Relay(store, "relay", on_outbox=handle, batch=LIMIT).run_once
-    else:
-
-        async def ahandle(entry: OutboxEntry) -> None:
-            seqs[entry.seq] += 1
-            calls[0] += await one_trip_async(store, entry)
-
+    elif shape == ASYNC_RELAY:
         relay = AsyncRelay(store, "arelay", on_outbox=ahandle, batch=LIMIT, concurrency=CONCURRENCY)
         run_once = relay.run_once
     before, rounds = await versions(check), 1
