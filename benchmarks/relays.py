@@ -1,41 +1,37 @@
-"""Claimable relays: how fast worker processes drain the outbox with an ack per entry and
-with one ack a batch, what an engine-like delivery costs in each shape, what a claim costs
-as the backlog (and its dead letters) grows, and what the relay runtime (`Relay`,
-`AsyncRelay`) delivers, how soon it wakes and what it costs idle. Not a test: the figures
-depend on the machine; the ratios, each against a baseline measured in the same run, carry
-across.
+"""Claimable relays: how fast worker processes drain the outbox (an ack per entry, or one a
+batch), what an engine-like delivery costs in each shape, what a claim costs as the backlog
+and its dead letters grow, and what the relay runtime (`Relay`, `AsyncRelay`) delivers, how
+soon it wakes and what it costs idle. Not a test: the figures depend on the machine; the
+ratios, each against a baseline measured in the same run, carry across.
 
     python -m benchmarks.relays              # full: ~4-6 minutes on 2 cores (section 4: ~2)
     python -m benchmarks.relays --quick      # fewer entries and repetitions (~2-3 minutes)
     python -m benchmarks.relays --only 4b    # one section (a number: all its parts)
     python -m benchmarks.relays --smoke      # every section once, tiny: that it works
 
-1. Drains: the outbox seeded with bulk SQL, then 1, 2 and 4 worker *processes* (a pool,
-   started once) each looping ``claim_outbox(worker, limit=100)`` until a claim comes back
-   empty, acking each entry on its own (``ack_outbox(seq)``) or the batch with one
-   ``store.ack(entries)``: entries/s, the scaling from 1 worker, batch over per-entry acks,
-   and a check that every entry was delivered once. (a) A local file at ``synchronous=FULL``
-   and ``NORMAL``; (b) sqld behind the 20 ms link, and with no delay.
-2. Engine-like delivery to 100 targets, this process draining with ``claim_outbox`` and, per
-   entry, today's handler (``load``, ``commit(processed_event_id=)``, ``ack_outbox``) or the
-   one-trip one (``load_for_event``, ``commit(acks=(entry,))``): events/s, one over the
-   other, (a) on a file at FULL and (b) on the link, with the requests an event.
+1. Drains: the outbox seeded with bulk SQL, then 1, 2 and 4 worker processes each looping
+   ``claim_outbox(worker, limit=100)`` until it comes back empty, with ``ack_outbox(seq)``
+   per entry or one ``store.ack(entries)``: entries/s, the scaling from 1 worker, batch over
+   per-entry acks, every entry delivered once; (a) a file at FULL and NORMAL, (b) sqld
+   behind the 20 ms link, and with no delay.
+2. Engine-like delivery to 100 targets from a ``claim_outbox`` loop, per entry today's
+   handler (``load``, ``commit(processed_event_id=)``, ``ack_outbox``) or the one-trip one
+   (``load_for_event``, ``commit(acks=(entry,))``): events/s, one over the other, (a) on a
+   file at FULL, (b) on the link, with the requests an event.
 3. Claim cost: the median ``claim_outbox`` and ``claim_due_timers`` (limit 100, without and
    with ``max_attempts=10``, which sweeps dead letters first) with 1M pending and 100k dead
-   letters of each kind where a naive claim meets them first, over 1k pending and none; the
-   claimed rows are given back with ``store.revive`` between calls.
-4. The relay runtime with section 2's one-trip handler, against section 2's hand-written
-   loop: (a) on a file at FULL, ``Relay.run_once()`` and ``AsyncRelay(concurrency=32)``
-   until a round handles nothing, the shapes taking turns (each keeps its fastest run), and
-   the Relay over its handler in a bare claim loop; (b) the AsyncRelay on the link, and the
-   client CPU a request; (c) wake-up: an idle relay (``poll=30``), the time from before a
-   commit of one emit to its handler's start; (d) the CPU of an idle ``Relay`` (``poll=1``,
-   three handlers), less the same process idle, as a share of one core.
+   letters of each kind, over 1k pending; claimed rows given back with ``store.revive``.
+4. The relay runtime with section 2's one-trip handler against the hand-written loop: (a) on
+   a file at FULL, ``Relay.run_once()`` and ``AsyncRelay(concurrency=32)``, the shapes taking
+   turns (each keeps its fastest run), and the Relay over its handler in a bare claim loop;
+   (b) the AsyncRelay on the link, and the client CPU a request; (c) wake-up: from before a
+   commit of one emit to its handler's start, idle relay (``poll=30``); (d) the CPU of an
+   idle ``Relay`` (``poll=1``, three handlers) less the same process idle, in % of a core.
 
 No file is open in two SQLite libraries at once in one process (closing the second one
-unlinks the first one's WAL): a drain's or claim-cost file is seeded with stdlib ``sqlite3``
-here and opened with libsql only once that is closed (a drain's: by the workers). Prints a
-table and writes JSON to ``benchmarks/results/relays-<timestamp>.json`` (not in a smoke run).
+unlinks the first one's WAL): drain and claim-cost files are seeded with stdlib ``sqlite3``,
+closed, then opened with libsql. Prints a table and writes JSON to
+``benchmarks/results/relays-<timestamp>.json`` (not in a smoke run).
 """
 
 from __future__ import annotations
@@ -45,6 +41,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import itertools
 import json
 import os
 import sqlite3
@@ -54,8 +51,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +93,7 @@ ASYNC_RELAY = f"AsyncRelay (concurrency {CONCURRENCY})"
 WAKE_POLL = 30.0  # an idle relay's poll in the wake-up timings: only the signal wakes it
 WAKE_PAUSE = 0.02  # seconds between a handler's start and the next commit
 IDLE_POLL = 1.0
+RUNS = itertools.count(1)  # numbers a run's file, seqs on sqld and event ids
 
 SEED_OUTBOX = """
 WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?2)
@@ -111,8 +109,7 @@ SELECT printf('exe-%08d', n), 'main.wait', 1000.0 + n FROM k
 """
 # Dead letters as a claim leaves them (sql/queries.sql, mark_dead_*): an outbox entry with
 # its seq negated (seqs 1..?1, the oldest), a timer keeping its key; both with dead_at set
-# (in the order they died) and the attempts that reached the limit. The dead timers are
-# due before every live one.
+# and the attempts that reached the limit. The dead timers are due before every live one.
 SEED_DEAD_OUTBOX = """
 WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?1)
 INSERT INTO harel_outbox (seq, target_id, event, created_at, attempts, last_error, dead_at)
@@ -171,20 +168,18 @@ PLANS = {
 }  # fmt: skip
 
 
-# --- 1. a worker process: claim, deliver (note the seq), ack; until a claim comes back empty
+# --- 1. drains: worker processes claim, note each seq, ack; until a claim comes back empty
 
 
 def worker() -> None:
-    """A pool process. For each job (a JSON line: database, name, token, synchronous,
-    batched): open the store, say ready, wait for go, drain, close the store, print a JSON
-    line. Exits when stdin closes."""
+    """A pool process: for each job (a JSON line) open the store, say ready, wait for go,
+    drain, close the store and print a JSON line. Exits when stdin closes."""
     while line := sys.stdin.readline():
         job = json.loads(line)
-        database = job["database"]
-        if database.startswith("http"):
-            store = LibsqlStore(database, auth_token=job["token"], timeout=TIMEOUT)
+        if job["database"].startswith("http"):
+            store = LibsqlStore(job["database"], auth_token=job["token"], timeout=TIMEOUT)
         else:
-            store = LibsqlStore(database, synchronous=job["synchronous"], migrate=False)
+            store = LibsqlStore(job["database"], synchronous=job["synchronous"], migrate=False)
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return
@@ -235,77 +230,17 @@ class Drain:
         return sent / self.entries
 
 
-class Pool:
-    """Worker processes (``--worker``), started once for the run (a drain of k workers
-    uses the first k), so that no drain waits for interpreters to start."""
-
-    def __init__(self, size: int) -> None:
-        self.procs = [Child(module("relays", "--worker")) for _ in range(size)]
-
-    def drain(
-        self,
-        database: str,
-        workers: int,
-        seeded: range,
-        left: Callable[[], int],
-        *,
-        token: str = "",
-        batched: bool = False,
-        synchronous: str = "FULL",
-        proxy: Proxy | None = None,
-    ) -> Drain:
-        """Let `workers` workers go at once on the seeded outbox, and check what they
-        delivered against `seeded` (the seqs); `proxy` (remote) counts the requests."""
-        procs = self.procs[:workers]
-        job = {"database": database, "token": token, "synchronous": synchronous}
-        for i, proc in enumerate(procs):
-            proc.send(json.dumps(job | {"name": f"w{i}", "batched": batched}))
-        for proc in procs:
-            if proc.line() != "ready":
-                raise RuntimeError("a worker did not open its store")
-        before = proxy.requests() if proxy else 0
-        started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on Linux
-        for proc in procs:
-            proc.send("go")
-        outs = [json.loads(proc.line(600)) for proc in procs]
-        counts = Counter(seq for out in outs for seq in out["seqs"])
-        return Drain(
-            workers=workers,
-            batched=batched,
-            entries=len(seeded),
-            seconds=max(out["ended"] for out in outs) - started,
-            claims=sum(out["claims"] for out in outs),
-            acks=sum(out["acks"] for out in outs),
-            cpu=sum(out["cpu"] for out in outs),
-            delivered=counts.total(),
-            duplicates=counts.total() - len(counts),
-            lost=sum(1 for seq in seeded if seq not in counts),
-            left=left(),
-            mismatched=sum(out["mismatched"] for out in outs),
-            link_requests=proxy.requests() - before if proxy else None,
-        )
-
-    def close(self) -> None:
-        for proc in self.procs:
-            proc.close(10)
-
-
 def local_db(path: Path) -> sqlite3.Connection:
-    """A file migrated to head (SqliteStore: stdlib sqlite3, as the seeding), and a stdlib
-    connection to seed it. This process never opens that file with libsql."""
+    """A file migrated to head by stdlib sqlite3 (SqliteStore), and a stdlib connection to it."""
     SqliteStore(path, synchronous="OFF").close()
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = OFF")
     return conn
 
 
-def rows_left(conn: sqlite3.Connection) -> int:
-    return int(conn.execute(OUTBOX_LEFT).fetchone()[0])
-
-
 def pipeline(url: str, token: str, sql: str, *args: int) -> int:
-    """One statement on sqld directly (not through a proxy), for seeding and checking: the
-    first column of its first row, or else the number of rows it changed."""
+    """One statement on sqld directly: the first column of its first row, or else the number
+    of rows it changed."""
     stmt = {"sql": sql, "args": [{"type": "integer", "value": str(a)} for a in args]}
     body = {"baton": None, "requests": [{"type": "execute", "stmt": stmt}, {"type": "close"}]}
     with contextlib.closing(client(url, token)) as http:
@@ -319,16 +254,61 @@ def pipeline(url: str, token: str, sql: str, *args: int) -> int:
     return int(rows[0][0]["value"]) if rows else first["response"]["result"]["affected_row_count"]
 
 
+def drained(
+    procs: list[Child], job: dict[str, Any], n: int, at: Path | Served, proxy: Proxy | None
+) -> Drain:
+    """`n` entries seeded in the outbox of sqld, or of a fresh file in `at` (removed
+    afterwards); the workers `procs` let go at once on them (`job`: where, how to ack), and
+    what they delivered checked; `proxy` (remote) counts the requests."""
+    run = next(RUNS)
+    left: Callable[[], int]  # a count of the rows in the outbox
+    with contextlib.ExitStack() as stack:
+        if isinstance(at, Served):
+            srv, base = at.srv, run * 10_000_000
+            assert pipeline(srv.url, srv.token, SEED_OUTBOX, base, n) == n
+            seeded, job = range(base + 1, base + n + 1), job | {"token": srv.token}
+            left = functools.partial(pipeline, srv.url, srv.token, OUTBOX_LEFT)
+        else:
+            path = at / f"drain-{run}.db"
+            stack.callback(path.unlink)
+            conn = stack.enter_context(contextlib.closing(local_db(path)))
+            conn.execute(SEED_OUTBOX, (0, n))
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            seeded, job = range(1, n + 1), job | {"database": str(path)}
+            left = lambda: int(conn.execute(OUTBOX_LEFT).fetchone()[0])  # noqa: E731
+        for i, proc in enumerate(procs):
+            proc.send(json.dumps(job | {"name": f"w{i}"}))
+        if [proc.line() for proc in procs] != ["ready"] * len(procs):
+            raise RuntimeError("a worker did not open its store")
+        before = proxy.requests() if proxy else 0
+        started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on Linux
+        for proc in procs:
+            proc.send("go")
+        outs = [json.loads(proc.line(600)) for proc in procs]
+        counts = Counter(seq for out in outs for seq in out["seqs"])
+        return Drain(
+            workers=len(procs),
+            batched=job["batched"],
+            entries=len(seeded),
+            seconds=max(out["ended"] for out in outs) - started,
+            delivered=counts.total(),
+            duplicates=counts.total() - len(counts),
+            lost=sum(1 for seq in seeded if seq not in counts),
+            left=left(),
+            link_requests=proxy.requests() - before if proxy else None,
+            **{k: sum(out[k] for out in outs) for k in ("claims", "acks", "cpu", "mismatched")},
+        )
+
+
 def workers_label(n: int) -> str:
     return f"{n} worker" + "s" * (n > 1)
 
 
 def report_drains(
-    report: Report, where: str, runs: dict[bool, list[Drain]], ratio_target: str, scale: str = ""
+    report: Report, where: str, runs: dict[bool, list[Drain]], ratio_target: str, scale: str
 ) -> None:
     """Each drain's rate; per ack shape, the most workers over 1 (`scale`: the per-entry
-    acks' target); per worker count, one ack a batch over an ack per entry (`ratio_target`);
-    whether anything was lost."""
+    acks' target); per worker count, one ack a batch over an ack per entry; losses."""
     for batched, drains in runs.items():
         how = "one ack a batch" if batched else "ack per entry"
         for d in drains:
@@ -359,63 +339,42 @@ def report_drains(
     )
 
 
-def bench_local(report: Report, plan: Plan, tmp: Path, pool: Pool) -> None:
-    report.section("1a. drain outbox entries, local file (LibsqlStore, WAL)")
-    for sync, sizes, target in (("FULL", plan.file_full, ">= 8"), ("NORMAL", plan.file_normal, "")):
-        runs: dict[bool, list[Drain]] = {False: [], True: []}
-        for batched, n in zip((False, True), sizes, strict=True):
-            for workers in plan.workers:
-                path = tmp / f"drain-{sync}-{workers}{'-batched' if batched else ''}.db"
-                with contextlib.closing(local_db(path)) as conn:
-                    conn.execute(SEED_OUTBOX, (0, n))
-                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                    left = functools.partial(rows_left, conn)
-                    drained = pool.drain(
-                        str(path), workers, range(1, n + 1), left, batched=batched, synchronous=sync
-                    )
-                runs[batched].append(drained)
-                path.unlink()
-        report_drains(report, f"file {sync}", runs, target)
-
-
-def bench_remote(report: Report, plan: Plan, pool: Pool, on: Served) -> None:
-    report.section("1b. drain outbox entries, sqld (LibsqlStore over HTTP)")
-    srv, link = on.srv, on.link
-    left = functools.partial(pipeline, srv.url, srv.token, OUTBOX_LEFT)
-    base = 0
-    # On the link: the acks per entry (scaling target: the link, not the store, bounds a
-    # worker) and a batch's ack; then the same with no delay, where only the machine and
-    # sqld bound the rate.
-    for proxy, where, sizes, ratio_target, scale in (
-        (link, f"sqld {link.delay_ms:g} ms link", plan.link, ">= 20", ">= 3"),
-        (on.count, "sqld no delay", plan.no_delay, "", ""),
-    ):
-        drains: dict[bool, list[Drain]] = {False: [], True: []}
-        for batched, n in zip((False, True), sizes, strict=True):
-            for workers in plan.workers:
-                base += 10_000_000
-                assert pipeline(srv.url, srv.token, SEED_OUTBOX, base, n) == n
-                seeded = range(base + 1, base + n + 1)
-                drains[batched].append(
-                    pool.drain(
-                        proxy.url,
-                        workers,
-                        seeded,
-                        left,
-                        token=srv.token,
-                        batched=batched,
-                        proxy=proxy,
-                    )
-                )
-        report_drains(report, where, drains, ratio_target, scale)
+def bench_drains(report: Report, plan: Plan, procs: list[Child], at: Path | Served) -> None:
+    """1a on files in `at`, or 1b on sqld: on the link (where the link, not the store, bounds
+    a worker: the scaling target) and with no delay (only the machine and sqld bound it)."""
+    cases: list[tuple[str, dict[str, str], tuple[int, int], str, str, Proxy | None]]
+    if isinstance(at, Path):
+        report.section("1a. drain outbox entries, local file (LibsqlStore, WAL)")
+        cases = [
+            (f"file {sync}", {"synchronous": sync}, sizes, target, "", None)
+            for sync, sizes, target in (
+                ("FULL", plan.file_full, ">= 8"),
+                ("NORMAL", plan.file_normal, ""),
+            )
+        ]
+    else:
+        report.section("1b. drain outbox entries, sqld (LibsqlStore over HTTP)")
+        link = f"sqld {at.link.delay_ms:g} ms link"
+        cases = [
+            (link, {"database": at.link.url}, plan.link, ">= 20", ">= 3", at.link),
+            ("sqld no delay", {"database": at.count.url}, plan.no_delay, "", "", at.count),
+        ]
+    for where, job, sizes, ratio_target, scale, proxy in cases:
+        runs = {
+            batched: [
+                drained(procs[:k], job | {"batched": batched}, n, at, proxy) for k in plan.workers
+            ]
+            for batched, n in zip((False, True), sizes, strict=True)
+        }
+        report_drains(report, where, runs, ratio_target, scale)
 
 
 # --- 2. engine-like delivery: the handler's round trips ---
 
 
 def today(store: Store, entry: OutboxEntry) -> int:
-    """Today's handler: load the target, commit the event's effect (its dedupe marker),
-    then ack the entry on its own. Returns the store calls it made."""
+    """Today's handler: load the target, commit the event's effect (its dedupe marker), then
+    ack the entry on its own. Returns the store calls it made."""
     assert entry.target_id is not None
     exe = store.load(entry.target_id)
     if exe is None:
@@ -426,8 +385,8 @@ def today(store: Store, entry: OutboxEntry) -> int:
 
 
 def one_trip(store: Store, entry: OutboxEntry) -> int:
-    """The handler with the relay primitives: the target and its dedupe check in one read,
-    the effect and the ack in one commit."""
+    """With the relay primitives: the target and its dedupe check in one read, the effect and
+    the ack in one commit."""
     assert entry.target_id is not None
     exe, seen = store.load_for_event(entry.target_id, entry.event.id)
     if exe is None:
@@ -436,6 +395,19 @@ def one_trip(store: Store, entry: OutboxEntry) -> int:
         store.ack([entry])
     else:
         store.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
+    return 2
+
+
+async def one_trip_async(store: AsyncLibsqlStore, entry: OutboxEntry) -> int:
+    """`one_trip` on an async store, for `AsyncRelay`."""
+    assert entry.target_id is not None
+    exe, seen = await store.load_for_event(entry.target_id, entry.event.id)
+    if exe is None:
+        raise RuntimeError(f"no target {entry.target_id!r}")
+    if seen:
+        await store.ack([entry])
+    else:
+        await store.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
     return 2
 
 
@@ -468,140 +440,141 @@ class Delivery:
     def requests_per_event(self) -> float:
         return (self.link_requests if self.link_requests is not None else self.calls) / self.events
 
-    @property
-    def handler_requests_per_event(self) -> float:
-        """The handler's own: the claims left out."""
-        return self.requests_per_event - self.claims / self.events
 
-    @property
-    def off(self) -> int:
-        """Deliveries not made once, entries left, version bumps not one a delivery."""
-        return self.duplicates + self.lost + self.left + abs(self.bumps - self.events)
-
-
-def delivery(shape: str, seeded: list[int], seqs: Counter[int], **rest: Any) -> Delivery:
-    lost = sum(1 for seq in seeded if seq not in seqs)
-    return Delivery(shape, len(seeded), duplicates=seqs.total() - len(seqs), lost=lost, **rest)
-
-
-@contextlib.contextmanager
-def clocked(proxy: Proxy | None = None) -> Iterator[dict[str, Any]]:
-    """Seconds, CPU seconds of this process and (a proxy) the requests it counted, within."""
-    took: dict[str, Any] = {"link_requests": proxy.requests() if proxy else None}
-    cpu, start = time.process_time(), time.perf_counter()
-    yield took
-    took["seconds"], took["cpu"] = time.perf_counter() - start, time.process_time() - cpu
-    if proxy:
-        took["link_requests"] = proxy.requests() - took["link_requests"]
-
-
-def make_targets(store: Store, n: int, prefix: str = "target") -> list[str]:
-    ids = [f"{prefix}-{i:04d}" for i in range(n)]
-    for eid in ids:
-        store.commit(Execution(id=eid, definition_id=TARGET_DEF), [])
-    return ids
-
-
-def seed_events(
-    store: Store, targets: list[str], tag: str, n: int, source: str = "source"
-) -> list[int]:
-    """`n` events addressed round-robin to `targets`, emitted by `source`'s commits; their
-    seqs."""
-    exe = store.load(source) or Execution(id=source, definition_id="relay-bench-source")
-    seqs: list[int] = []
-    for start in range(0, n, EMITS):
-        emits = [
-            (targets[i % len(targets)], Event(name="n", id=f"{tag}-{i}"))
-            for i in range(start, min(n, start + EMITS))
-        ]
-        seqs += store.commit(exe, emits)
-    return seqs
+async def maybe(result: Any) -> Any:
+    """A sync store's result, or an async store's awaited."""
+    return await result if inspect.isawaitable(result) else result
 
 
 async def versions(store: Any) -> int:
-    """The targets' versions, summed (a sync or an async store)."""
+    """The targets' versions, summed."""
     page = await maybe(store.list_executions(definition_id=TARGET_DEF, limit=1000))
     return sum(s.version for s in page.items)
 
 
-def deliver(
-    store: Store, shape: str, seeded: list[int], check: Store, proxy: Proxy | None = None
+async def deliver(
+    shape: str, store: Any, check: Any, seeded: list[int], proxy: Proxy | None
 ) -> Delivery:
-    """Drain the outbox in this process with the handler `shape`; `check` (a store not
-    behind the proxy) reads the targets' versions and what is left."""
-    before = asyncio.run(versions(check))
+    """Drain the outbox until a round handles nothing: by a hand-written loop of `SHAPES` in
+    this process, `Relay.run_once` or `AsyncRelay.run_once` (on this loop); `check` (not
+    behind the proxy) reads the targets' versions and what is left, outside the timing."""
     seqs: Counter[int] = Counter()
-    claims = calls = 0
-    with clocked(proxy) as took:
-        while entries := store.claim_outbox("deliverer", limit=LIMIT):
-            claims += 1
-            for entry in entries:
-                seqs[entry.seq] += 1
-                calls += SHAPES[shape](store, entry)
-    left, bumps = len(check.pending_outbox()), asyncio.run(versions(check)) - before
-    return delivery(
+    calls = [0]  # the handlers' store calls
+    handler = SHAPES.get(shape, one_trip)
+
+    def handle(entry: OutboxEntry) -> None:
+        seqs[entry.seq] += 1
+        calls[0] += handler(store, entry)
+
+    async def ahandle(entry: OutboxEntry) -> None:
+        seqs[entry.seq] += 1
+        calls[0] += await one_trip_async(store, entry)
+
+    def by_hand() -> int:
+        entries = store.claim_outbox("deliverer", limit=LIMIT)
+        for entry in entries:
+            handle(entry)
+        return len(entries)
+
+    run_once: Callable[[], Any] = by_hand
+    if shape == "Relay":
+        run_once = Relay(store, "relay", on_outbox=handle, batch=LIMIT).run_once
+    elif shape == ASYNC_RELAY:
+        relay = AsyncRelay(store, "arelay", on_outbox=ahandle, batch=LIMIT, concurrency=CONCURRENCY)
+        run_once = relay.run_once
+    before, rounds = await versions(check), 1
+    took: dict[str, Any] = {"link_requests": proxy.requests() if proxy else None}
+    cpu, start = time.process_time(), time.perf_counter()
+    while await maybe(run_once()):
+        rounds += 1
+    took["seconds"], took["cpu"] = time.perf_counter() - start, time.process_time() - cpu
+    if proxy:
+        took["link_requests"] = proxy.requests() - took["link_requests"]
+    left, bumps = len(await maybe(check.pending_outbox())), await versions(check) - before
+    acks = 0 if shape in SHAPES else rounds - 1  # a relay's ack of each round that handled
+    return Delivery(
         shape,
-        seeded,
-        seqs,
-        claims=claims + 1,
-        calls=calls + claims + 1,
+        len(seeded),
+        claims=rounds,
+        calls=rounds + acks + calls[0],
+        duplicates=seqs.total() - len(seqs),
+        lost=sum(1 for seq in seeded if seq not in seqs),
         left=left,
         bumps=bumps,
         **took,
     )
 
 
+def delivered(shape: str, n: int, at: Path | Served) -> Delivery:
+    """`n` events, to the targets, from commits of a source, delivered by `shape`: on a fresh
+    file in `at` at FULL (removed afterwards), or on sqld through the link (seeded, and
+    checked by a sync shape, directly)."""
+    run = next(RUNS)  # a fresh file, or event ids not seen before
+    path = at / f"deliver-{run}.db" if isinstance(at, Path) else None
+    url, direct, proxy = str(path), str(path), None
+    opts: dict[str, Any] = {"synchronous": "FULL"}
+    if isinstance(at, Served):
+        url, direct, proxy = at.link.url, at.srv.url, at.link
+        opts = {"auth_token": at.srv.token, "timeout": TIMEOUT}
+    with LibsqlStore(direct, **opts) as check:
+        targets = [f"target-{i:04d}" for i in range(min(TARGETS, n))]
+        for eid in targets:
+            if check.load(eid) is None:
+                check.commit(Execution(id=eid, definition_id=TARGET_DEF), [])
+        source = check.load("source") or Execution(id="source", definition_id="relay-bench-source")
+        emits = [(targets[i % len(targets)], Event(name="n", id=f"e{run}-{i}")) for i in range(n)]
+        seeded = [
+            seq for k in range(0, n, EMITS) for seq in check.commit(source, emits[k : k + EMITS])
+        ]
+        if shape != ASYNC_RELAY:
+            with LibsqlStore(url, **opts) if proxy else contextlib.nullcontext(check) as store:
+                done = asyncio.run(deliver(shape, store, check, seeded, proxy))
+
+    async def deliver_async() -> Delivery:  # the seeding store closed: on a file, the only one
+        async with await AsyncLibsqlStore.create(url, **opts) as store:
+            return await deliver(shape, store, store, seeded, proxy)
+
+    if shape == ASYNC_RELAY:
+        done = asyncio.run(deliver_async())
+    if path:
+        path.unlink()
+    return done
+
+
 def report_rates(report: Report, label: str, runs: list[Delivery]) -> None:
-    """A row of events/s (and requests an event, and this process's CPU) for each run."""
     for d in runs:
         shown = f"{d.rate:,.0f} ({d.requests_per_event:.2f} req, CPU {d.cpu / d.seconds:.0%})"
         report.add(f"{label}, {d.shape}: events/s", shown, **asdict(d))
 
 
-def report_deliveries(
-    report: Report, where: str, runs: list[Delivery], target: str, link: bool
-) -> None:
+def report_off(report: Report, label: str, runs: list[Delivery]) -> None:
+    """Deliveries not made once, entries left, version bumps not one a delivery."""
+    bad = sum(d.duplicates + d.lost + d.left + abs(d.bumps - d.events) for d in runs)
+    report.add(f"{label}: lost / duplicated / version bumps off", str(bad), "0", bad == 0)
+
+
+def bench_delivery(report: Report, plan: Plan, at: Path | Served) -> None:
+    """2a on files in `at`, or 2b on sqld through the link."""
+    if isinstance(at, Path):
+        n, where, target = plan.delivery[0], "file FULL", ">= 1.6"
+        report.section(f"2a. engine-like delivery of {n:,} events, local file (LibsqlStore, FULL)")
+    else:
+        n, where, target = plan.delivery[1], f"sqld {at.link.delay_ms:g} ms link", ""
+        report.section(f"2b. engine-like delivery of {n:,} events, {where}")
+    runs = [delivered(shape, n, at) for shape in SHAPES]
     report_rates(report, f"delivery {where}", runs)
     old, new = runs
     ratio = new.rate / old.rate
     report.add(f"delivery {where}: one-trip / today", f"{ratio:.2f}", target, meets(ratio, target))
-    if link:  # the handler's round trips, the claims (1 in 100 events) aside
-        mine, theirs = new.handler_requests_per_event, old.handler_requests_per_event
+    if isinstance(at, Served):  # the handler's own round trips, the claims left out
+        mine, theirs = (d.requests_per_event - d.claims / d.events for d in (new, old))
         report.add(
             f"delivery {where}: handler requests an event (today's)",
             f"{mine:.2f} ({theirs:.2f})",
             "2 (today 3)",
             mine <= 2.0 + 1e-9,
         )
-    bad = sum(d.off for d in runs)
-    report.add(f"delivery {where}: lost / duplicated / version bumps off", str(bad), "0", bad == 0)
-
-
-def bench_delivery_local(report: Report, plan: Plan, tmp: Path) -> None:
-    n = plan.delivery[0]
-    report.section(f"2a. engine-like delivery of {n:,} events, local file (LibsqlStore, FULL)")
-    runs = []
-    for i, shape in enumerate(SHAPES):
-        with LibsqlStore(tmp / f"deliver-{i}.db", synchronous="FULL") as store:
-            seeded = seed_events(store, make_targets(store, min(TARGETS, n)), "e", n)
-            runs.append(deliver(store, shape, seeded, store))
-    report_deliveries(report, "file FULL", runs, ">= 1.6", link=False)
-
-
-def bench_delivery_remote(report: Report, plan: Plan, on: Served) -> None:
-    srv, link = on.srv, on.link
-    n, where = plan.delivery[1], f"sqld {link.delay_ms:g} ms link"
-    report.section(f"2b. engine-like delivery of {n:,} events, {where}")
-    with (
-        LibsqlStore(srv.url, auth_token=srv.token, timeout=TIMEOUT) as direct,
-        LibsqlStore(link.url, auth_token=srv.token, timeout=TIMEOUT) as store,
-    ):
-        targets = make_targets(direct, min(TARGETS, n))
-        runs = []
-        for i, shape in enumerate(SHAPES):
-            seeded = seed_events(direct, targets, f"e{i}", n)
-            runs.append(deliver(store, shape, seeded, direct, link))
-    report_deliveries(report, where, runs, "", link=True)
+    report_off(report, f"delivery {where}", runs)
 
 
 # --- 3. claim cost: 1M pending and 100k dead letters / 1k pending ---
@@ -623,8 +596,8 @@ def claim_db(path: Path, n: int, dead: int) -> float:
 
 
 def timed_claim(store: Store, kind: str, max_attempts: int | None, first: float) -> float:
-    """One claim, timed; then its rows given back (not timed; `revive` clears the claim and
-    the attempt it counted), so that the next call finds the same backlog."""
+    """One claim, timed; then its rows given back (`revive` clears the claim and the attempt
+    it counted), so that the next call finds the same backlog."""
     t0 = time.perf_counter()
     got: list[Any]
     head: float | None
@@ -641,23 +614,6 @@ def timed_claim(store: Store, kind: str, max_attempts: int | None, first: float)
     return took
 
 
-@contextlib.contextmanager
-def claimers(path: Path, dead: int) -> Iterator[dict[str, Callable[[], float]]]:
-    """Each claim as a call that times one claim on the store and gives back its rows
-    through the same store (no second SQLite library on the file in this process)."""
-    with LibsqlStore(path, synchronous="NORMAL", migrate=False) as store:
-        for kind in ("outbox", "timer"):  # the seeded dead letters are the store's
-            letters = store.dead_letters(kind=kind, limit=3)
-            assert len(letters) == min(3, dead), (kind, letters)
-            assert not dead or letters[0].attempts == MAX_ATTEMPTS, letters[0]
-        calls: dict[str, Callable[[], float]] = {}
-        for attempts in (None, MAX_ATTEMPTS):
-            suffix = "" if attempts is None else f", max_attempts={attempts}"
-            for kind, first in (("claim_outbox", dead + 1), ("claim_due_timers", 1001.0)):
-                calls[kind + suffix] = functools.partial(timed_claim, store, kind, attempts, first)
-        yield calls
-
-
 def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
     small, large = sizes = plan.sizes
     report.section(
@@ -665,13 +621,26 @@ def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
         f" / {small:,} pending"
     )
     dead = {small: 0, large: plan.dead}
-    paths = {n: tmp / f"claim-{n}.db" for n in sizes}
-    for n, path in paths.items():
-        took = claim_db(path, n, dead[n])
+    for n in sizes:
+        took = claim_db(tmp / f"claim-{n}.db", n, dead[n])
         print(f"    built {n:,} entries and due timers, {dead[n]:,} dead of each, in {took:.1f} s")
     best: dict[int, dict[str, float]] = {n: {} for n in sizes}
+    calls: dict[int, dict[str, Callable[[], float]]] = {}
     with contextlib.ExitStack() as stack:
-        calls = {n: stack.enter_context(claimers(path, dead[n])) for n, path in paths.items()}
+        for n in sizes:  # each claim times itself and gives its rows back through one store
+            path = tmp / f"claim-{n}.db"
+            store = stack.enter_context(LibsqlStore(path, synchronous="NORMAL", migrate=False))
+            for kind in ("outbox", "timer"):  # the seeded dead letters are the store's
+                letters = store.dead_letters(kind=kind, limit=3)
+                assert len(letters) == min(3, dead[n]), (kind, letters)
+                assert not dead[n] or letters[0].attempts == MAX_ATTEMPTS, letters[0]
+            calls[n] = {
+                kind + ("" if tries is None else f", max_attempts={tries}"): functools.partial(
+                    timed_claim, store, kind, tries, first
+                )
+                for tries in (None, MAX_ATTEMPTS)
+                for kind, first in (("claim_outbox", dead[n] + 1), ("claim_due_timers", 1001.0))
+            }
         for fns in calls.values():
             for fn in fns.values():
                 for _ in range(5):
@@ -696,79 +665,6 @@ def bench_claim_cost(report: Report, plan: Plan, tmp: Path) -> None:
 # --- 4. the relay runtime: Relay and AsyncRelay against the hand-written loop ---
 
 
-@dataclass
-class Seen:
-    """What a relay's handlers were given: the deliveries by seq, and their store calls."""
-
-    seqs: Counter[int] = field(default_factory=Counter)
-    calls: int = 0
-
-
-def relay_handler(store: Store, seen: Seen) -> Callable[[OutboxEntry], None]:
-    """The engine-like handler for `Relay`: the target and its dedupe check in one read,
-    the effect and the entry's consumption in one commit (the round's `ack` of the entry
-    then removes nothing)."""
-
-    def handle(entry: OutboxEntry) -> None:
-        seen.seqs[entry.seq] += 1
-        assert entry.target_id is not None
-        exe, done = store.load_for_event(entry.target_id, entry.event.id)
-        seen.calls += 1 if done or exe is None else 2
-        if exe is None:
-            raise RuntimeError(f"no target {entry.target_id!r}")
-        if not done:
-            store.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
-
-    return handle
-
-
-def async_handler(store: AsyncLibsqlStore, seen: Seen) -> Callable[[OutboxEntry], Awaitable[None]]:
-    """`relay_handler` as a coroutine, for `AsyncRelay`."""
-
-    async def handle(entry: OutboxEntry) -> None:
-        seen.seqs[entry.seq] += 1
-        assert entry.target_id is not None
-        exe, done = await store.load_for_event(entry.target_id, entry.event.id)
-        seen.calls += 1 if done or exe is None else 2
-        if exe is None:
-            raise RuntimeError(f"no target {entry.target_id!r}")
-        if not done:
-            await store.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
-
-    return handle
-
-
-async def drive(shape: str, store: Any, seeded: list[int], proxy: Proxy | None = None) -> Delivery:
-    """`Relay.run_once` (a sync store), or `AsyncRelay.run_once` on this loop, until a round
-    handles nothing; the checks go through the same store, outside the timed part and the
-    requests counted."""
-    seen = Seen()
-    if shape == "Relay":
-        relay: Any = Relay(store, "relay", on_outbox=relay_handler(store, seen), batch=LIMIT)
-    else:
-        handler = async_handler(store, seen)
-        relay = AsyncRelay(store, "arelay", on_outbox=handler, batch=LIMIT, concurrency=CONCURRENCY)
-    before, rounds = await versions(store), 1
-    with clocked(proxy) as took:
-        while await maybe(relay.run_once()):
-            rounds += 1
-    left, bumps = len(await maybe(store.pending_outbox())), await versions(store) - before
-    calls = rounds + (rounds - 1) + seen.calls  # a claim a round, an ack a round that handled
-    return delivery(
-        shape, seeded, seen.seqs, claims=rounds, calls=calls, left=left, bumps=bumps, **took
-    )
-
-
-async def maybe(result: Any) -> Any:
-    """A sync store's result, or an async store's awaited."""
-    return await result if inspect.isawaitable(result) else result
-
-
-def report_relay_checks(report: Report, where: str, runs: list[Delivery]) -> None:
-    bad = sum(d.off for d in runs)
-    report.add(f"relay {where}: lost / duplicated / version bumps off", str(bad), "0", bad == 0)
-
-
 def fsync_ms(directory: Path, n: int = 50) -> float:
     """The median write and fsync of 4 KiB in `directory`, in ms: what synchronous=FULL
     adds to each write transaction, and so how much an event's one write less saves."""
@@ -783,111 +679,65 @@ def fsync_ms(directory: Path, n: int = 50) -> float:
     return statistics.median(took) * 1e3
 
 
-def relay_file_run(path: Path, shape: str, n: int) -> Delivery:
-    """A fresh file with the targets and `n` events to them, drained by `shape` (a loop of
-    `SHAPES`, "Relay" or the AsyncRelay); the file removed afterwards."""
-    with LibsqlStore(path, synchronous="FULL") as store:
-        seeded = seed_events(store, make_targets(store, min(TARGETS, n)), "e", n)
-        if shape in SHAPES:
-            run = deliver(store, shape, seeded, store)
-        elif shape == "Relay":
-            run = asyncio.run(drive("Relay", store, seeded))
-    if shape == ASYNC_RELAY:  # the seeding store closed: the async one's is the only one
-
-        async def drain() -> Delivery:
-            async with await AsyncLibsqlStore.create(path, synchronous="FULL") as store:
-                return await drive(ASYNC_RELAY, store, seeded)
-
-        run = asyncio.run(drain())
-    path.unlink()
-    return run
-
-
 def bench_relay_local(report: Report, plan: Plan, tmp: Path) -> None:
-    n, reps = plan.relay_file, plan.relay_reps
+    n, reps, where = plan.relay_file, plan.relay_reps, "file FULL"
     report.section(
         f"4a. Relay and AsyncRelay, local file (LibsqlStore, FULL): {n:,} events a run, the"
         f" shapes taking turns {reps} times (each keeps its fastest)"
     )
-    shapes = (*SHAPES, "Relay", ASYNC_RELAY)
-    every: dict[str, list[Delivery]] = {shape: [] for shape in shapes}
+    every: dict[str, list[Delivery]] = {shape: [] for shape in (*SHAPES, "Relay", ASYNC_RELAY)}
     fsyncs = []
     for _ in range(reps):
         fsyncs.append(fsync_ms(tmp))
-        for shape in shapes:
-            every[shape].append(relay_file_run(tmp / "relay.db", shape, n))
+        for shape, runs in every.items():
+            runs.append(delivered(shape, n, tmp))
     fsync = statistics.median(fsyncs)
-    where = "file FULL"
-    runs = [max(every[shape], key=lambda d: d.rate) for shape in shapes]
-    report_rates(report, f"relay {where}", runs)
-    by_hand, bare, relay, arelay = runs
-    ratio = relay.rate / by_hand.rate
+    fastest = [max(ds, key=lambda d: d.rate) for ds in every.values()]
+    report_rates(report, f"relay {where}", fastest)
+    by_hand, bare, relay, arelay = fastest  # bare: the Relay's handler in a bare claim loop
     report.add(
         f"relay {where}: Relay / hand-written loop",
-        f"{ratio:.2f} (a write and fsync of 4 KiB here: {fsync:.2f} ms)",
+        f"{relay.rate / by_hand.rate:.2f} (a write and fsync of 4 KiB here: {fsync:.2f} ms)",
         ">= 1.6",
-        ratio >= 1.6,
+        relay.rate / by_hand.rate >= 1.6,
         rates={shape: [round(d.rate, 1) for d in ds] for shape, ds in every.items()},
         fsync_ms=round(fsync, 3),
     )
-    ratio = relay.rate / bare.rate  # the runtime's own cost: its handler in a bare loop
-    report.add(f"relay {where}: Relay / its handler in a bare loop", f"{ratio:.2f}")
-    ratio = arelay.rate / by_hand.rate
-    report.add(f"relay {where}: AsyncRelay / hand-written loop", f"{ratio:.2f}")
-    report_relay_checks(report, where, [d for ds in every.values() for d in ds])
+    report.add(
+        f"relay {where}: Relay / its handler in a bare loop", f"{relay.rate / bare.rate:.2f}"
+    )
+    report.add(
+        f"relay {where}: AsyncRelay / hand-written loop", f"{arelay.rate / by_hand.rate:.2f}"
+    )
+    report_off(report, f"relay {where}", [d for ds in every.values() for d in ds])
 
 
 def bench_relay_remote(report: Report, plan: Plan, on: Served) -> None:
-    srv, link = on.srv, on.link
     by_hand_n, n = plan.relay_link
-    where = f"sqld {link.delay_ms:g} ms link"
+    where = f"sqld {on.link.delay_ms:g} ms link"
     report.section(
         f"4b. AsyncRelay, {where}: {by_hand_n:,} events by hand (sync), {n:,} by AsyncRelay"
     )
-    with (
-        LibsqlStore(srv.url, auth_token=srv.token, timeout=TIMEOUT) as direct,
-        LibsqlStore(link.url, auth_token=srv.token, timeout=TIMEOUT) as store,
-    ):
-        targets = make_targets(direct, min(TARGETS, n), prefix="relay-target")
-        seeded = seed_events(direct, targets, "by-hand", by_hand_n, "relay-source")
-        by_hand = deliver(store, BY_HAND, seeded, direct, link)
-        seeded = seed_events(direct, targets, "arelay", n, "relay-source")
-
-    async def drain() -> Delivery:
-        store = await AsyncLibsqlStore.create(link.url, auth_token=srv.token, timeout=TIMEOUT)
-        async with store:
-            return await drive(ASYNC_RELAY, store, seeded, link)
-
-    arelay = asyncio.run(drain())
-    runs = [by_hand, arelay]
+    runs = [delivered(BY_HAND, by_hand_n, on), delivered(ASYNC_RELAY, n, on)]
     report_rates(report, f"relay {where}", runs)
-    ratio = arelay.rate / by_hand.rate
+    ratio = runs[1].rate / runs[0].rate
     report.add(
         f"relay {where}: AsyncRelay / hand-written sync loop", f"{ratio:.1f}", ">= 15", ratio >= 15
     )
     cpu = {d.shape: d.cpu / (d.link_requests or d.calls) * 1e3 for d in runs}
     report.add(
         f"relay {where}: client CPU a request, AsyncRelay (by hand), ms",
-        f"{cpu[arelay.shape]:.2f} ({cpu[by_hand.shape]:.2f})",
+        f"{cpu[ASYNC_RELAY]:.2f} ({cpu[BY_HAND]:.2f})",
         cpu_ms_a_request={shape: round(ms, 3) for shape, ms in cpu.items()},
     )
-    report_relay_checks(report, where, runs)
+    report_off(report, f"relay {where}", runs)
 
 
-@dataclass
-class Wakeups:
-    relay: str
-    commits: int
-    seconds: list[float]  # from before each commit call to its handler's start
-    commit_seconds: list[float]  # each commit call's own
-    delivered: Counter[str]  # handler calls by event id
-    left: int  # entries in the outbox afterwards
-
-
-async def wakeups(kind: str, path: Path, n: int) -> Wakeups:
+async def wakeups(kind: str, path: Path, n: int) -> tuple[list[float], list[float], int]:
     """An idle relay (poll=WAKE_POLL): `Relay.run` in a thread, or `AsyncRelay.run` as a task
-    of this loop sharing its store; this loop commits one emit at a time and waits for its
-    handler to start, then pauses."""
+    of this loop sharing its store; this loop commits one emit at a time, waits for its
+    handler to start, then pauses. From before each commit to its handler's start, the commit
+    call's own, and the events not delivered once or left."""
     starts: dict[str, float] = {}
     delivered: Counter[str] = Counter()
     arrived = threading.Event()
@@ -930,7 +780,8 @@ async def wakeups(kind: str, path: Path, n: int) -> Wakeups:
         await asyncio.wait_for(running, 30)  # run() returns after stop(), or this times out
         left = len(await maybe(store.pending_outbox()))
         await maybe(store.close())
-    return Wakeups(kind, n, seconds, commits, delivered, left)
+    bad = left + abs(delivered.total() - n) + (len(delivered) - n)
+    return seconds, commits, bad
 
 
 def bench_wakeup(report: Report, plan: Plan, tmp: Path) -> None:
@@ -939,32 +790,32 @@ def bench_wakeup(report: Report, plan: Plan, tmp: Path) -> None:
         f"4c. wake-up after a commit of this process, idle relay (poll={WAKE_POLL:g}), local"
         f" file (FULL): {n} commits of one emit, {WAKE_PAUSE * 1e3:g} ms apart"
     )
-    runs = [
-        asyncio.run(wakeups(kind, tmp / f"wake-{kind}.db", n)) for kind in ("Relay", "AsyncRelay")
-    ]
+
+    def ms(values: list[float], *qs: int) -> dict[str, float]:
+        return {f"p{q}": round(quantile(values, q / 100) * 1e3, 2) for q in qs}
+
     bad = 0
-    for w, target in zip(runs, ("<= 20", ""), strict=True):
-        after = [s - c for s, c in zip(w.seconds, w.commit_seconds, strict=True)]
-        ms = {f"p{q}": round(quantile(w.seconds, q / 100) * 1e3, 2) for q in (50, 90, 99, 100)}
-        commit_ms = {f"p{q}": round(quantile(w.commit_seconds, q / 100) * 1e3, 2) for q in (50, 99)}
-        after_ms = {f"p{q}": round(quantile(after, q / 100) * 1e3, 2) for q in (50, 99)}
-        key = f"wake-up after a commit, idle {w.relay} (poll={WAKE_POLL:g}), file"
+    for kind, target in (("Relay", "<= 20"), ("AsyncRelay", "")):
+        seconds, commits, off = asyncio.run(wakeups(kind, tmp / f"wake-{kind}.db", n))
+        bad += off
+        took, commit_ms = ms(seconds, 50, 90, 99, 100), ms(commits, 50, 99)
+        after_ms = ms([s - c for s, c in zip(seconds, commits, strict=True)], 50, 99)
+        key = f"wake-up after a commit, idle {kind} (poll={WAKE_POLL:g}), file"
         report.add(
             f"{key}: p50 ms",
-            f"{ms['p50']:.1f} (the commit call's own {commit_ms['p50']}, its return to the"
+            f"{took['p50']:.1f} (the commit call's own {commit_ms['p50']}, its return to the"
             f" handler {after_ms['p50']})",
-            ms=ms,
+            ms=took,
         )
         report.add(
             f"{key}: p99 ms",
-            f"{ms['p99']:.1f} (max {ms['p100']}; the commit call's own {commit_ms['p99']},"
+            f"{took['p99']:.1f} (max {took['p100']}; the commit call's own {commit_ms['p99']},"
             f" its return to the handler {after_ms['p99']})",
             target,
-            meets(ms["p99"], target),
+            meets(took["p99"], target),
             commit_ms=commit_ms,
             after_commit_ms=after_ms,
         )
-        bad += w.left + abs(w.delivered.total() - w.commits) + (len(w.delivered) - w.commits)
     report.add("wake-up: events not delivered once, or left", str(bad), "0", bad == 0)
 
 
@@ -986,22 +837,22 @@ def bench_idle(report: Report, plan: Plan, tmp: Path) -> None:
     )
     called: list[object] = []
     claims: Counter[str] = Counter()
+    thread_cpu: list[float] = []
     with LibsqlStore(tmp / "idle.db", synchronous="FULL") as store:
         for name in ("claim_outbox", "claim_spawns", "claim_due_timers"):
             # An instance attribute over the method, to count what the relay asks for.
             setattr(store, name, counting(claims, name, getattr(store, name)))
         on = called.append
         relay = Relay(store, "idler", on_outbox=on, on_spawn=on, on_timer=on, poll=IDLE_POLL)
-        cpu = time.process_time()
-        time.sleep(seconds)
-        idle = time.process_time() - cpu
-        thread_cpu: list[float] = []
 
         def run() -> None:
             t0 = time.thread_time()
             relay.run()
             thread_cpu.append(time.thread_time() - t0)
 
+        cpu = time.process_time()
+        time.sleep(seconds)
+        idle = time.process_time() - cpu
         thread = threading.Thread(target=run, name="bench-idle-relay", daemon=True)
         cpu, wall = time.process_time(), time.perf_counter()
         thread.start()
@@ -1043,10 +894,7 @@ def main() -> None:
     only = tuple(ns.only or ())
     if unknown := [o for o in only if not any(s.startswith(o) for s in SECTIONS)]:
         args.error(f"--only {unknown[0]}: no such section (they are {', '.join(SECTIONS)})")
-
-    def wanted(*names: str) -> bool:
-        return not only or any(name.startswith(only) for name in names)
-
+    wanted = [s for s in SECTIONS if not only or s.startswith(only)]
     plan = PLANS[mode(ns)]
     took: dict[str, float] = {}  # seconds a section, for the JSON
     meta = {"only": list(only) or None, "plan": asdict(plan), "delay_ms": ns.delay_ms}
@@ -1055,27 +903,28 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="harel-relays-") as name,
         contextlib.ExitStack() as stack,
     ):
-        tmp = Path(name)
-        if wanted("1a", "1b"):
-            pool = stack.enter_context(contextlib.closing(Pool(max(plan.workers))))
-        if wanted("1b", "2b", "4b"):
+        tmp, procs = Path(name), []  # the workers, started once: no drain waits for them
+        if {"1a", "1b"} & set(wanted):
+            for _ in range(max(plan.workers)):
+                procs.append(Child(module("relays", "--worker")))
+                stack.callback(procs[-1].close, 10)
+        if {"1b", "2b", "4b"} & set(wanted):
             on = stack.enter_context(served(tmp, ns.delay_ms))
         sections: dict[str, Callable[[], None]] = {
-            "1a": lambda: bench_local(report, plan, tmp, pool),
-            "1b": lambda: bench_remote(report, plan, pool, on),
-            "2a": lambda: bench_delivery_local(report, plan, tmp),
-            "2b": lambda: bench_delivery_remote(report, plan, on),
+            "1a": lambda: bench_drains(report, plan, procs, tmp),
+            "1b": lambda: bench_drains(report, plan, procs, on),
+            "2a": lambda: bench_delivery(report, plan, tmp),
+            "2b": lambda: bench_delivery(report, plan, on),
             "3": lambda: bench_claim_cost(report, plan, tmp),
             "4a": lambda: bench_relay_local(report, plan, tmp),
             "4b": lambda: bench_relay_remote(report, plan, on),
             "4c": lambda: bench_wakeup(report, plan, tmp),
             "4d": lambda: bench_idle(report, plan, tmp),
         }
-        for section, run in sections.items():
-            if wanted(section):
-                t0 = time.time()
-                run()
-                took[section] = round(time.time() - t0, 1)
+        for section in wanted:
+            t0 = time.time()
+            sections[section]()
+            took[section] = round(time.time() - t0, 1)
 
 
 if __name__ == "__main__":
