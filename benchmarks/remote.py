@@ -59,6 +59,7 @@ from benchmarks.harness import (
     TIMEOUT,
     Proxy,
     Report,
+    Served,
     bare_request,
     client,
     medians,
@@ -207,8 +208,8 @@ async def commit_run(
     prefix: str,
     tasks: int,
     seconds: float,
+    sync: Callable[[], Awaitable[object]] | None = None,
     link: Proxy | None = None,
-    sync: Callable[[], Awaitable[None]] | None = None,
 ) -> Run:
     """`tasks` tasks, each committing to an execution of its own (then `sync`), one commit
     after another, for `seconds`, with the ticker on. A failed commit ends the run."""
@@ -260,6 +261,7 @@ TIMED |= {"replica: commit + next load_for_event": 1, BEFORE: 1}
 TIMED |= {"libsql driver, remote: commit": 5, "replica: open + close": 5}
 TIMED |= {"before: libsql replica open + sync + close": 5}
 SYNCING = "replica, direct: commit, then sync()"
+BEFORE_SYNC = "before: commit, then libsql's sync() on a thread"
 
 
 def operations(
@@ -267,13 +269,16 @@ def operations(
 ) -> dict[str, Callable[[], object]]:
     """Each operation of sections 1 and 2 through the proxy at url, by label; the names of
     the executions and files they write start with `ids`."""
+    replica: dict[str, Any] = {"sync_url": url, "auth_token": token}
     remote = stack.enter_context(LibsqlStore(url, auth_token=token))
-    rep = stack.enter_context(LibsqlStore(tmp / f"{ids}.db", sync_url=url, auth_token=token))
+    rep = stack.enter_context(LibsqlStore(tmp / f"{ids}.db", **replica))
     conn = stack.enter_context(contextlib.closing(libsql.connect(url, auth_token=token)))
-    conn_rep = bare_replica(tmp / f"{ids}-bare.db", url, token)
-    conn_before = bare_replica(tmp / f"{ids}-before.db", url, token)
-    stack.callback(conn_rep.close)
-    stack.callback(conn_before.close)
+    conn_rep = stack.enter_context(
+        contextlib.closing(bare_replica(tmp / f"{ids}-bare.db", url, token))
+    )
+    before = stack.enter_context(
+        contextlib.closing(bare_replica(tmp / f"{ids}-before.db", url, token))
+    )
     http = stack.enter_context(contextlib.closing(client(url, token)))
     committer(remote, f"{ids}r")()  # the row the reads find
     return {
@@ -286,10 +291,8 @@ def operations(
         ),
         "replica: load": lambda: rep.load(f"{ids}p"),
         "replica: sync() with nothing new": rep.sync,
-        "replica: open + close": lambda: LibsqlStore(
-            tmp / f"{ids}-open.db", sync_url=url, auth_token=token
-        ).close(),
-        BEFORE: committer(remote, f"{ids}o", functools.partial(bare_seen, conn_before, sync=True)),
+        "replica: open + close": lambda: LibsqlStore(tmp / f"{ids}-open.db", **replica).close(),
+        BEFORE: committer(remote, f"{ids}o", functools.partial(bare_seen, before, sync=True)),
         "before: libsql replica open + sync + close": lambda: bare_replica(
             tmp / f"{ids}-before.db", url, token
         ).close(),
@@ -300,29 +303,30 @@ def operations(
     }
 
 
-def count_requests(report: Report, plan: Plan, count: Proxy, tmp: Path, token: str) -> None:
-    with contextlib.ExitStack() as stack:
-        for label, fn in operations(stack, count.url, tmp, token, "c").items():
+def operation_parts(report: Report, plan: Plan, on: Served, tmp: Path) -> None:
+    """Sections 1 (requests, through the counting proxy) and 2 (latency, on the link)."""
+    title = "1. HTTP requests per operation (counting proxy, no delay)"
+    with section(report, title, on.srv), contextlib.ExitStack() as stack:
+        for label, fn in operations(stack, on.count.url, tmp, on.srv.token, "c").items():
             fn()  # warm: a first connection, a first sync
-            before = count.requests()
+            before = on.count.requests()
             for _ in range(plan.counts):
                 fn()
-            n = (count.requests() - before) / plan.counts
+            n = (on.count.requests() - before) / plan.counts
             most = MOST.get(label)
             target = "" if most is None else f"<= {most}"
             report.add(label, f"{n:.1f}", target, most is not None and n <= most, requests=n)
-
-
-def latency(report: Report, plan: Plan, link: Proxy, tmp: Path, token: str) -> None:
-    with contextlib.ExitStack() as stack:
-        fns = operations(stack, link.url, tmp, token, "l")
-        results = medians({label: (fns[label], plan.calls // n) for label, n in TIMED.items()})
-    most = {"remote: commit": 1.2, "replica: commit + next load_for_event": 2.5}
-    for label, seconds in results.items():
-        ratio = seconds / results[BARE]
-        target = f"<= {most[label]}x" if label in most else ""
-        shown = f"{seconds * 1e3:7.2f} ms {ratio:6.2f}x"
-        report.add(label, shown, target, ratio <= most.get(label, 0), ms=seconds * 1e3)
+    title = f"2. Latency on the {on.link.delay_ms:g} ms link, median / one bare request"
+    with section(report, title, on.srv):
+        with contextlib.ExitStack() as stack:
+            fns = operations(stack, on.link.url, tmp, on.srv.token, "l")
+            results = medians({label: (fns[label], plan.calls // n) for label, n in TIMED.items()})
+        limit = {"remote: commit": 1.2, "replica: commit + next load_for_event": 2.5}
+        for label, seconds in results.items():
+            ratio = seconds / results[BARE]
+            target = f"<= {limit[label]}x" if label in limit else ""
+            shown = f"{seconds * 1e3:7.2f} ms {ratio:6.2f}x"
+            report.add(label, shown, target, ratio <= limit.get(label, 0), ms=seconds * 1e3)
 
 
 INTEGRITY = """
@@ -339,16 +343,17 @@ async def bare_reads(url: str, token: str, connections: int, seconds: float) -> 
     select = {"type": "execute", "stmt": {"sql": "SELECT 1", "want_rows": True}}
     body = json.dumps({"baton": None, "requests": [select, {"type": "close"}]}).encode()
     host, port = url.removeprefix("http://").split(":")
-    head = (
+    request = (
         f"POST /v3/pipeline HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}"
         f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    streams = await asyncio.gather(
+        *(asyncio.open_connection(host, int(port)) for _ in range(connections))
     )
-    opening = (asyncio.open_connection(host, int(port)) for _ in range(connections))
-    streams = await asyncio.gather(*opening)
 
     async def read(i: int) -> None:
         reader, writer = streams[i]
-        writer.write(head.encode() + body)
+        writer.write(request)
         answer = await reader.readuntil(b"\r\n\r\n")
         length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", answer)
         if not answer.startswith(b"HTTP/1.1 200") or length is None:
@@ -409,7 +414,7 @@ def client_cpu(url: str, token: str, calls: int) -> tuple[float, float]:
 
 
 async def open_retrying(
-    report: Report, label: str, database: Path | str, options: dict[str, Any]
+    report: Report, label: str, database: Path | str, **options: Any
 ) -> AsyncLibsqlStore:
     """Open a store; a replica refused with "snapshot not found" (sqld 0.24.32 compacting its
     log as the replica asks) is opened again, up to 5 times a second apart, and reported."""
@@ -433,30 +438,55 @@ def spread(delays: list[float]) -> tuple[float, float]:
 
 
 async def lag_part(
-    report: Report,
-    plan: Plan,
-    srv: SqldServer,
-    tmp: Path,
-    title: str,
-    stores: dict[str, tuple[Path | str, dict[str, Any] | None, int]],
-    runs: dict[str, Run],
-    targets: dict[str, int],
-    commits: bool = True,
+    report: Report, plan: Plan, on: Served, tmp: Path, runs: dict[str, Run] | None = None
 ) -> None:
-    """Section 4 or 4b: idle lag, then that of `runs`, of one of `stores` (database, options
-    or None for sqlite3 through the twin's thread wrapper, tasks) at a time and of a replica
-    syncing; a target: p99 at most that many times idle's."""
+    """Section 4, with section 3's `runs`; without, 4b, on a select() loop (epoll waits whole
+    milliseconds: a wake-up for I/O within the ticker's sleep rounds the rest of it up, which
+    reads as lag). A target: p99 at most that many times idle's."""
+    srv = on.srv
+    options: dict[str, Any] = {"auth_token": srv.token, "timeout": TIMEOUT}
+    link = f"remote, {on.link.delay_ms:g} ms link"
+    targets = {f"{link}, 1 task": 2, f"{link}, 32 tasks": 3}
+    stores: dict[str, tuple[Path | str, dict[str, Any] | None, int]]  # database, options, tasks
+    commits = runs is not None  # section 4: the time of a commit too
+    if not commits:
+        title = "4b. Event-loop lag on a select() loop (timers to the microsecond), p99 / idle"
+        stores = {f"{link}, {plural(n, 'task')}": (on.link.url, options, n) for n in (1, 32)}
+        targets[SYNCING] = 3
+        tmp.mkdir()
+    else:
+        title = "4. Event-loop lag: a 1 ms ticker's delay, p99 and max / idle"
+        stores = {
+            "remote, direct": (srv.url, options, 1),
+            "replica, direct": (tmp / "lag-replica.db", {"sync_url": srv.url, **options}, 1),
+            "file, libsql": (tmp / "lag-libsql.db", {}, 1),
+            "file, sqlite3 (the twin's thread wrapper)": (tmp / "lag-sqlite.db", None, 1),
+        }
+        targets["remote, direct"] = 2
+    runs, seconds = {} if runs is None else runs, plan.run_s / 2
     with section(report, title, srv):
         idle = spread(await ticked(asyncio.sleep(plan.run_s / 4)))
         report.add("idle", f"p99 {idle[0]:6.3f} ms, max {idle[1]:6.3f} ms", p99_ms=idle[0])
-        for n, (label, (database, options, tasks)) in enumerate(stores.items()):
-            if options is None:
+        for n, (label, (database, opts, tasks)) in enumerate(stores.items()):
+            if opts is None:
                 store = AsyncLibsqlStore(SqliteStore(database))
             else:
-                store = await open_retrying(report, label, database, options)
+                store = await open_retrying(report, label, database, **opts)
             async with store:
-                runs[label] = await commit_run(store, f"{tmp.name}-lag{n}", tasks, plan.run_s / 2)
-        runs |= await replica_syncing(report, srv, tmp, plan.run_s / 2)
+                runs[label] = await commit_run(store, f"{tmp.name}-lag{n}", tasks, seconds)
+        # while a replica syncs: a commit, then sync(); before: libsql's sync on a thread
+        path = tmp / "sync-replica.db"
+        replica = await open_retrying(report, SYNCING, path, sync_url=srv.url, **options)
+        remote = await AsyncLibsqlStore.create(srv.url, **options)
+        conn = bare_replica(tmp / "sync-before.db", srv.url, srv.token)
+        before = functools.partial(asyncio.to_thread, conn.sync)
+        async with replica, remote:
+            try:
+                prefix = f"{tmp.name}-sync"
+                runs[SYNCING] = await commit_run(replica, f"{prefix}0", 1, seconds, replica.sync)
+                runs[BEFORE_SYNC] = await commit_run(remote, f"{prefix}1", 1, seconds, before)
+            finally:
+                conn.close()
         for label, run in runs.items():
             p99, worst = spread(run.delays)
             shown = f"p99 {p99:6.3f} ms {p99 / idle[0]:4.1f}x, max {worst:6.3f} ms"
@@ -470,42 +500,15 @@ async def lag_part(
             report.add(label, shown, target, met, p99_ms=p99, max_ms=worst, **extra)
 
 
-async def replica_syncing(
-    report: Report, srv: SqldServer, tmp: Path, seconds: float
-) -> dict[str, Run]:
-    """One task's commits, each followed by a replica's sync, for `seconds`; and as the store
-    did before: libsql's sync in this process, on a worker thread."""
-    options: dict[str, Any] = {"auth_token": srv.token, "timeout": TIMEOUT}
-    replica = {"sync_url": srv.url, **options}
-    rep = await open_retrying(report, SYNCING, tmp / "sync-replica.db", replica)
-    remote = await AsyncLibsqlStore.create(srv.url, **options)
-    conn = bare_replica(tmp / "sync-before.db", srv.url, srv.token)
-
-    async def before() -> None:
-        await asyncio.to_thread(conn.sync)
-
-    try:
-        prefix = f"{tmp.name}-sync"
-        return {
-            SYNCING: await commit_run(rep, f"{prefix}-0", 1, seconds, sync=rep.sync),
-            "before: commit, then libsql's sync() on a thread": await commit_run(
-                remote, f"{prefix}-1", 1, seconds, sync=before
-            ),
-        }
-    finally:
-        conn.close()
-        await remote.close()
-        await rep.close()
-
-
-async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, tmp: Path) -> None:
-    on_link = f"{link.delay_ms:g} ms link"
+async def async_part(report: Report, plan: Plan, on: Served, tmp: Path) -> None:
+    """Sections 3, 4 and 5."""
+    srv, link, on_link = on.srv, on.link, f"{on.link.delay_ms:g} ms link"
     options: dict[str, Any] = {"auth_token": srv.token, "timeout": TIMEOUT}
     runs: dict[str, Run] = {}
     with section(report, f"3. Group commit on the remote primary, {on_link}", srv):
         for tasks in (1, 8, 32, 128):
             async with await AsyncLibsqlStore.create(link.url, **options) as store:
-                run = await commit_run(store, f"tp{tasks}", tasks, plan.run_s, link)
+                run = await commit_run(store, f"tp{tasks}", tasks, plan.run_s, link=link)
             runs[f"remote, {on_link}, {plural(tasks, 'task')}"] = run
             report.add(
                 f"async commits/s, {plural(tasks, 'task')}",
@@ -515,14 +518,9 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
                 **{k: v for k, v in asdict(run).items() if k not in ("returned", "delays")},
             )
         rates = {run.tasks: run.commits / run.seconds for run in runs.values()}
-        ratio = rates[32] / rates[1]
-        report.add(
-            "32 tasks / 1 task",
-            f"{ratio:.1f}x, {rates[32]:.0f}/s",
-            ">= 15x and >= 600/s",
-            ratio >= 15 and rates[32] >= 600,
-            ratio=ratio,
-        )
+        ratio, met = rates[32] / rates[1], rates[32] / rates[1] >= 15 and rates[32] >= 600
+        shown = f"{ratio:.1f}x, {rates[32]:.0f}/s"
+        report.add("32 tasks / 1 task", shown, ">= 15x and >= 600/s", met, ratio=ratio)
         returned = sum((r.returned for r in runs.values()), Counter[str]())
         want = {eid: (n, n, min(n, DEFAULT_TRACE_MAX)) for eid, n in returned.items()}
         found = {row[0]: tuple(row[1:]) for row in srv.rows(INTEGRITY)}
@@ -530,14 +528,12 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
         shown = f"{len(bad)} of {len(want)} disagree" + (f": {', '.join(bad[:5])}" if bad else "")
         report.add("version = commits returned = markers = steps", shown, "0", not bad, bad=bad)
         threads: dict[int, float] = {}
-        for count in (1, 8, 32):
-            args = (link.url, srv.token, f"th{count}", count, plan.run_s)
+        for n in (1, 8, 32):
+            args = (link.url, srv.token, f"th{n}", n, plan.run_s)
             done, took = await asyncio.to_thread(thread_run, *args)
-            threads[count] = done / took
-            report.add(
-                f"sync commits/s, {plural(count, 'thread')} sharing one store",
-                f"{done / took:.1f}/s",
-            )
+            threads[n] = done / took
+            label = f"sync commits/s, {plural(n, 'thread')} sharing one store"
+            report.add(label, f"{done / took:.1f}/s")
         ratio = threads[8] / threads[1]
         report.add("8 threads / 1 thread", f"{ratio:.1f}x", ">= 5x", ratio >= 5, ratio=ratio)
         async with await AsyncLibsqlStore.create(link.url, **options) as store:
@@ -549,23 +545,11 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
             reads, took = await in_tasks(32, load, plan.run_s)
         bare, bare_took = await bare_reads(link.url, srv.token, 32, plan.run_s)
         ratio = reads / took / (bare / bare_took)
-        report.add(
-            "reads/s, 32 tasks / 32 bare keep-alive connections",
-            f"{reads / took:.0f}/s / {bare / bare_took:.0f}/s = {ratio:.2f}",
-            ">= 0.7",
-            ratio >= 0.7,
-            ratio=ratio,
-        )
+        shown = f"{reads / took:.0f}/s / {bare / bare_took:.0f}/s = {ratio:.2f}"
+        label = "reads/s, 32 tasks / 32 bare keep-alive connections"
+        report.add(label, shown, ">= 0.7", ratio >= 0.7, ratio=ratio)
 
-    title = "4. Event-loop lag: a 1 ms ticker's delay, p99 and max / idle"
-    stores: dict[str, tuple[Path | str, dict[str, Any] | None, int]] = {
-        "remote, direct": (srv.url, options, 1),
-        "replica, direct": (tmp / "lag-replica.db", {"sync_url": srv.url, **options}, 1),
-        "file, libsql": (tmp / "lag-libsql.db", {}, 1),
-        "file, sqlite3 (the twin's thread wrapper)": (tmp / "lag-sqlite.db", None, 1),
-    }
-    targets = {f"remote, {on_link}, 32 tasks": 3, f"remote, {on_link}, 1 task": 2}
-    await lag_part(report, plan, srv, tmp, title, stores, runs, targets | {"remote, direct": 2})
+    await lag_part(report, plan, on, tmp, runs)
 
     with section(report, "5. Client CPU a request (load), loopback sqld", srv):
         sync_ms, async_ms = await asyncio.to_thread(client_cpu, srv.url, srv.token, plan.cpu_calls)
@@ -573,29 +557,16 @@ async def async_part(report: Report, plan: Plan, srv: SqldServer, link: Proxy, t
             report.add(label, f"{ms:.3f} ms", "<= 0.4 ms", ms <= 0.4, ms=ms)
 
 
-async def select_lag(report: Report, plan: Plan, srv: SqldServer, link: Proxy, tmp: Path) -> None:
-    """Section 4 again on a ``select()`` loop: epoll waits in whole milliseconds, so a wake-up
-    for I/O within the ticker's sleep rounds the rest of it up, which reads as lag."""
-    title = "4b. Event-loop lag on a select() loop (timers to the microsecond), p99 / idle"
-    on_link = f"remote, {link.delay_ms:g} ms link"
-    options = {"auth_token": srv.token, "timeout": TIMEOUT}
-    stores: dict[str, tuple[Path | str, dict[str, Any] | None, int]] = {
-        f"{on_link}, {plural(tasks, 'task')}": (link.url, options, tasks) for tasks in (1, 32)
-    }
-    targets = {f"{on_link}, 1 task": 2, f"{on_link}, 32 tasks": 3, SYNCING: 3}
-    tmp.mkdir()
-    await lag_part(report, plan, srv, tmp, title, stores, {}, targets, commits=False)
-
-
 async def wedge_part(report: Report, plan: Plan, srv: SqldServer) -> None:
+    """Section 6: a wedged sqld shows as a request timing out (a StoreError)."""
     if not plan.wedge:
         return
     with section(report, f"6. {plan.wedge} commits from 32 tasks of one store, loopback", srv):
-        try:  # a wedged sqld shows as a request timing out (a StoreError)
+        exes = [Execution(id=f"wedge-{i}", definition_id="bench") for i in range(32)]
+        try:
             async with await AsyncLibsqlStore.create(
                 srv.url, auth_token=srv.token, timeout=TIMEOUT
             ) as store:
-                exes = [Execution(id=f"wedge-{i}", definition_id="bench") for i in range(32)]
 
                 async def commit(i: int) -> None:
                     await store.commit(exes[i], **commit_args(exes[i]))
@@ -621,19 +592,14 @@ def main() -> None:
         tempfile.TemporaryDirectory() as name,
         served(Path(name), ns.delay_ms) as on,
     ):
-        tmp, srv, link = Path(name), on.srv, on.link
-        with section(report, "1. HTTP requests per operation (counting proxy, no delay)", srv):
-            count_requests(report, plan, on.count, tmp, srv.token)
-        title = f"2. Latency on the {ns.delay_ms:g} ms link, median / one bare request"
-        with section(report, title, srv):
-            latency(report, plan, link, tmp, srv.token)
-        asyncio.run(async_part(report, plan, srv, link, tmp))
+        operation_parts(report, plan, on, Path(name))
+        asyncio.run(async_part(report, plan, on, Path(name)))
         select_loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
         try:
-            select_loop.run_until_complete(select_lag(report, plan, srv, link, tmp / "4b"))
+            select_loop.run_until_complete(lag_part(report, plan, on, Path(name) / "4b"))
         finally:
             select_loop.close()
-        asyncio.run(wedge_part(report, plan, srv))
+        asyncio.run(wedge_part(report, plan, on.srv))
 
 
 if __name__ == "__main__":
