@@ -6,26 +6,23 @@ replica, on a link with a round-trip delay. Not a test: the figures depend on th
     python -m benchmarks.remote --smoke          # every section once, tiny: that it works
     python -m benchmarks.remote --delay-ms 50    # another link (default: 20 ms a request)
 
-It starts its own sqld (token auth on) with the harness's *link* proxy (each request held
-``--delay-ms``) and *counting* proxy (no delay) in front; replicas sync through a proxy too.
-Measured (a commit: the CAS update, one emit, the dedupe marker, one timer, one trace step):
+It starts its own sqld (token auth) behind the harness's *link* proxy (each request held
+``--delay-ms``) and *counting* proxy; replicas sync through them too. Measured (a commit: the
+CAS update, one emit, the dedupe marker, one timer, one trace step):
 
 1. requests per operation, of the store remote and as a replica, and of a bare ``libsql``
-   connection (the driver the store used before) as the baseline;
-2. latency on the link: each operation's median call, interleaved, as a ratio to one bare
-   ``POST /v3/pipeline`` of ``SELECT 1``; a replica's commit and next read, and its opening,
-   also as the store did them before (libsql's sync in this process);
-3. group commit on the remote primary over the link: commits/s of 1, 8, 32 and 128 tasks of
-   one ``AsyncLibsqlStore`` on executions of their own (and the commits a request), then a
-   check that each execution's version, commits returned, markers and trace steps agree;
-   commits/s of 1, 8 and 32 threads sharing one ``LibsqlStore``; reads/s of 32 tasks against
-   32 bare kept-alive connections (raw asyncio streams);
-4. event-loop lag (a task sleeping 1 ms in a loop: p99, max, against idle) during the runs of
-   section 3, during one task's commits to the primary directly, to a replica, to a local
-   file (libsql) and through the twin's thread wrapper over ``SqliteStore``; and while a
-   replica syncs (a commit, then ``sync()``) against before (libsql's sync on a thread);
-   4b. the targeted ones again on a ``select()`` loop (epoll rounds a wait to milliseconds);
-5. client CPU a request: a ``load`` at a time on loopback, the sync store and the async twin;
+   connection (the driver the store used before);
+2. each operation's median latency on the link, as a ratio to one bare ``POST /v3/pipeline``
+   of ``SELECT 1``; a replica's commit + next read, and its opening, also as before;
+3. group commit over the link: commits/s (and commits a request) of 1, 8, 32 and 128 tasks of
+   one ``AsyncLibsqlStore``, each on its own execution, then that every execution's version,
+   commits returned, markers and trace steps agree; commits/s of 1, 8 and 32 threads sharing
+   one ``LibsqlStore``; reads/s of 32 tasks against 32 bare keep-alive connections;
+4. event-loop lag (a task sleeping 1 ms in a loop: p99, max, against idle) during section 3's
+   runs, one task's commits to the primary, to a replica, to a local file (libsql) and through
+   the twin's thread wrapper over ``SqliteStore``, and a replica's commit + ``sync()`` against
+   before (libsql's sync on a thread); 4b. the targeted ones again on a ``select()`` loop;
+5. client CPU a ``load`` on loopback, of the sync store and of the async twin;
 6. whether sqld wedges: 100k commits (``--quick``: 5k; ``--wedge N``) from 32 tasks of one
    store on loopback (a wedge shows as a write that times out).
 
@@ -272,13 +269,11 @@ def operations(
     replica: dict[str, Any] = {"sync_url": url, "auth_token": token}
     remote = stack.enter_context(LibsqlStore(url, auth_token=token))
     rep = stack.enter_context(LibsqlStore(tmp / f"{ids}.db", **replica))
-    conn = stack.enter_context(contextlib.closing(libsql.connect(url, auth_token=token)))
-    conn_rep = stack.enter_context(
-        contextlib.closing(bare_replica(tmp / f"{ids}-bare.db", url, token))
-    )
-    before = stack.enter_context(
-        contextlib.closing(bare_replica(tmp / f"{ids}-before.db", url, token))
-    )
+    conn = libsql.connect(url, auth_token=token)
+    conn_rep = bare_replica(tmp / f"{ids}-bare.db", url, token)
+    before = bare_replica(tmp / f"{ids}-before.db", url, token)
+    for closed in (conn, conn_rep, before):
+        stack.callback(closed.close)
     http = stack.enter_context(contextlib.closing(client(url, token)))
     committer(remote, f"{ids}r")()  # the row the reads find
     return {
@@ -421,15 +416,14 @@ async def open_retrying(
     for attempt in range(6):
         try:
             store = await AsyncLibsqlStore.create(database, **options)
+            break
         except StoreError as exc:
             if "snapshot not found" not in str(exc) or attempt == 5:
                 raise
             await asyncio.sleep(1.0)
-            continue
-        if attempt:
-            report.add(f"{label}: opening refused (snapshot not found)", f"{attempt} times")
-        return store
-    raise AssertionError("unreachable")
+    if attempt:
+        report.add(f"{label}: opening refused (snapshot not found)", f"{attempt} times")
+    return store
 
 
 def spread(delays: list[float]) -> tuple[float, float]:
