@@ -443,12 +443,7 @@ async def lag_part(
     targets = {f"{link}, 1 task": 2, f"{link}, 32 tasks": 3}
     stores: dict[str, tuple[Path | str, dict[str, Any] | None, int]]  # database, options, tasks
     commits = runs is not None  # section 4: the time of a commit too
-    if not commits:
-        title = "4b. Event-loop lag on a select() loop (timers to the microsecond), p99 / idle"
-        stores = {f"{link}, {plural(n, 'task')}": (on.link.url, options, n) for n in (1, 32)}
-        targets[SYNCING] = 3
-        tmp.mkdir()
-    else:
+    if commits:
         title = "4. Event-loop lag: a 1 ms ticker's delay, p99 and max / idle"
         stores = {
             "remote, direct": (srv.url, options, 1),
@@ -457,6 +452,11 @@ async def lag_part(
             "file, sqlite3 (the twin's thread wrapper)": (tmp / "lag-sqlite.db", None, 1),
         }
         targets["remote, direct"] = 2
+    else:
+        title = "4b. Event-loop lag on a select() loop (timers to the microsecond), p99 / idle"
+        stores = {f"{link}, {plural(n, 'task')}": (on.link.url, options, n) for n in (1, 32)}
+        targets[SYNCING] = 3
+        tmp.mkdir()
     runs, seconds = {} if runs is None else runs, plan.run_s / 2
     with section(report, title, srv):
         idle = spread(await ticked(asyncio.sleep(plan.run_s / 4)))
