@@ -13,14 +13,17 @@ sequentially (sync and async), then from 16 tasks at once (async). CPU is this p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
 from benchmarks.harness import TIMEOUT, parser
-from harel_store.connection.http import AsyncClient, Client
+from harel_store.connection.http import AsyncClient, Client, Response
 from tests.sqld import SqldServer
 
 PATH = "/v3/pipeline"
@@ -32,26 +35,29 @@ TASKS = 16
 SMOKE = 2 * TASKS  # requests a run in --smoke: each of the 16 tasks sends some
 
 
-def check(status: int, body: bytes) -> None:
+def check(r: httpx.Response | Response) -> None:
+    status, body = (
+        (r.status_code, r.content) if isinstance(r, httpx.Response) else (r.status, r.body)
+    )
     if status != 200 or b'"type":"ok"' not in body:
         raise SystemExit(f"unexpected answer: {status} {body[:200]!r}")
 
 
-def measure_sync(post: Callable[[], tuple[int, bytes]], n: int) -> tuple[float, float]:
+def measure_sync(post: Callable[[], httpx.Response | Response], n: int) -> tuple[float, float]:
     for _ in range(WARMUP):
-        check(*post())
+        check(post())
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(n):
-        check(*post())
+        check(post())
     return (time.process_time() - cpu) / n, (time.perf_counter() - wall) / n
 
 
 async def measure_async(
-    post: Callable[[], Awaitable[tuple[int, bytes]]], n: int, tasks: int
+    post: Callable[[], Awaitable[httpx.Response | Response]], n: int, tasks: int
 ) -> tuple[float, float]:
     async def worker(count: int) -> None:
         for _ in range(count):
-            check(*await post())
+            check(await post())
 
     await asyncio.gather(*(worker(WARMUP // tasks + 1) for _ in range(tasks)))
     cpu, wall = time.process_time(), time.perf_counter()
@@ -61,40 +67,24 @@ async def measure_async(
 
 
 def run(url: str, n: int) -> dict[str, tuple[float, float]]:
+    """(CPU, wall) seconds a request of each run, by label."""
     results: dict[str, tuple[float, float]] = {}
-    with httpx.Client(headers=HEADERS, timeout=TIMEOUT) as hx:
-
-        def hx_post() -> tuple[int, bytes]:
-            r = hx.post(url + PATH, content=BODY)
-            return r.status_code, r.content
-
-        results["httpx sync"] = measure_sync(hx_post, n)
-    ours = Client(url, headers=HEADERS, timeout=TIMEOUT, ssl_context=None)
-
-    def our_post() -> tuple[int, bytes]:
-        r = ours.post(PATH, BODY)
-        return r.status, r.body
-
-    results["ours sync"] = measure_sync(our_post, n)
-    ours.close()
+    options: dict[str, Any] = {"headers": HEADERS, "timeout": TIMEOUT}
+    with httpx.Client(**options) as hx:
+        results["httpx sync"] = measure_sync(lambda: hx.post(url + PATH, content=BODY), n)
+    with contextlib.closing(Client(url, ssl_context=None, **options)) as ours:
+        results["ours sync"] = measure_sync(lambda: ours.post(PATH, BODY), n)
+    runs = (("async", 1), (f"async x{TASKS}", TASKS))
 
     async def in_loop() -> None:
-        async with httpx.AsyncClient(headers=HEADERS, timeout=TIMEOUT) as ahx:
-
-            async def ahx_post() -> tuple[int, bytes]:
-                r = await ahx.post(url + PATH, content=BODY)
-                return r.status_code, r.content
-
-            results["httpx async"] = await measure_async(ahx_post, n, 1)
-            results[f"httpx async x{TASKS}"] = await measure_async(ahx_post, n, TASKS)
-        aours = AsyncClient(url, headers=HEADERS, timeout=TIMEOUT, ssl_context=None)
-
-        async def aour_post() -> tuple[int, bytes]:
-            r = await aours.post(PATH, BODY)
-            return r.status, r.body
-
-        results["ours async"] = await measure_async(aour_post, n, 1)
-        results[f"ours async x{TASKS}"] = await measure_async(aour_post, n, TASKS)
+        async with httpx.AsyncClient(**options) as ahx:
+            hx_post = functools.partial(ahx.post, url + PATH, content=BODY)
+            for label, tasks in runs:
+                results[f"httpx {label}"] = await measure_async(hx_post, n, tasks)
+        aours = AsyncClient(url, ssl_context=None, **options)
+        our_post = functools.partial(aours.post, PATH, BODY)
+        for label, tasks in runs:
+            results[f"ours {label}"] = await measure_async(our_post, n, tasks)
         await aours.aclose()
 
     asyncio.run(in_loop())

@@ -6,13 +6,11 @@ a few percent in the write path shows. Not a test.
     python -m benchmarks.instructions --against REV   # this tree against another revision
     python -m benchmarks.instructions --smoke         # that it works: HEAD, one row (~45 s)
 
-Each figure is (instructions of 400 commits - instructions of 100 commits) / 300, so start-up
-and imports cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer
-schedule and (with trace) one trace step. The other revision is exported with ``git
-archive`` into a temporary folder and run with the same interpreter. ``--smoke`` runs the
-same on the smallest workload, sqlite without trace, of 10 and 40 commits, against HEAD (a
-fresh clone has it): four callgrind runs, each mostly the interpreter's start-up, so its
-figure says nothing.
+Each figure is (instructions of 400 commits - those of 100) / 300, so start-up and imports
+cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer schedule and
+(with trace) one trace step. The other revision, exported with ``git archive``, runs on the
+same interpreter. ``--smoke``: sqlite without trace only, 10 and 40 commits, against HEAD;
+four callgrind runs, mostly the interpreter's start-up, so its figure says nothing.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
 
 def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int]) -> float:
     """Instructions of the larger run less the smaller one's, a commit."""
-    fewer, more = runs
-    count = [instructions(tree, driver, trace, commits) for commits in runs]
-    return (count[1] - count[0]) / (more - fewer)
+    fewer, more = (instructions(tree, driver, trace, commits) for commits in runs)
+    return (more - fewer) / (runs[1] - runs[0])
 
 
 def main() -> None:
