@@ -216,6 +216,37 @@ def fill_trace_rings(conn: Any) -> None:
     conn.execute(f"PRAGMA wal_autocheckpoint = {every}", ())
 
 
+def commits_on(
+    who: str, driver: str, database: str, sync: str, n: int, trace: bool
+) -> tuple[Any, Callable[[], float], Callable[[], None]]:
+    """``n`` commits a run on a fresh database, of the store ("store") or of a bare connection
+    with the shape ``who``: the connection, the run and what closes it."""
+    if who == "store":
+        store = DRIVERS[driver](database, synchronous=sync)
+        return store._conn.db, store_commits(store, n, trace), store.close
+    conn = bare_connection(driver, database, sync)
+    return conn, floor_commits(conn, n, trace, SHAPES[who]), conn.close
+
+
+def race(
+    dbs: dict[str, str], driver: str, sync: str, n: int, rounds: int, trace: bool, full: bool
+) -> dict[str, list[float]]:
+    """The commit runs of ``dbs`` (who: database, see commits_on), trace rings ``full`` or
+    not, each warmed up once, then in turns for ``rounds``: each round's seconds a commit."""
+    runs: dict[str, Callable[[], float]] = {}
+    closes = []
+    for who, db in dbs.items():
+        conn, runs[who], close = commits_on(who, driver, db, sync, n, trace)
+        closes.append(close)
+        if full:
+            fill_trace_rings(conn)
+        runs[who]()  # warm up
+    times = alternate(runs, rounds)
+    for close in closes:
+        close()
+    return times
+
+
 def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
     report.section("commits: store / bare connection, same statements and pragmas")
     per_commit: dict[str, float] = {}
@@ -223,18 +254,13 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
     for (place, sync), driver, trace in itertools.product(places, DRIVERS, (True, False)):
         where = f"file/{sync}" if place == "file" else place
         tag = f"{driver}/{where}/{'trace' if trace else 'no-trace'}"
-        db_s = ":memory:" if place == "memory" else str(tmp / f"s-{tag.replace('/', '-')}")
-        db_f = ":memory:" if place == "memory" else str(tmp / f"f-{tag.replace('/', '-')}")
-        store = DRIVERS[driver](db_s, synchronous=sync)
-        conn = bare_connection(driver, db_f, sync)
+        name = tag.replace("/", "-")
+        dbs = {who: str(tmp / f"{who}-{name}") for who in ("store", "new")}
+        if place == "memory":
+            dbs = dict.fromkeys(dbs, ":memory:")
         m = max(50, n // 10) if sync == "FULL" else n  # FULL syncs every commit: fewer of them
-        runs = {"store": store_commits(store, m, trace), "floor": floor_commits(conn, m, trace)}
-        for run in runs.values():
-            run()  # warm up
-        times = alternate(runs, rounds)
-        store.close()
-        conn.close()
-        s, f = best(times["store"]), best(times["floor"])
+        times = race(dbs, driver, sync, m, rounds, trace, False)
+        s, f = best(times["store"]), best(times["new"])
         per_commit[tag] = s
         target = "<= 1.15" if where == "file/NORMAL" else ""
         report.add(f"commit {tag}", s / f, target, commits=m, store_us=usec(s), floor_us=usec(f))
@@ -296,16 +322,8 @@ def bench_wal(report: Report, tmp: Path) -> None:
         kinds: dict[str, dict[str, bool]] = {}
         for who in ("store", "previous", "new"):
             db = tmp / f"wal-{who}{'-ring' if ring_full else ''}.db"
-            close: Callable[[], None]
-            if who == "store":
-                store = SqliteStore(db, synchronous="NORMAL")
-                conn = store._conn.db  # type: ignore[attr-defined]
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-                run, close = store_commits(store, WAL_COMMITS, trace=True), store.close
-            else:
-                conn = bare_connection("sqlite", str(db), "NORMAL")
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-                run, close = floor_commits(conn, WAL_COMMITS, True, SHAPES[who]), conn.close
+            conn, run, close = commits_on(who, "sqlite", str(db), "NORMAL", WAL_COMMITS, True)
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
             if ring_full:
                 fill_trace_rings(conn)
             run()  # warm up: each execution measured next has its marker, timer and trace
@@ -329,18 +347,8 @@ def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
         # out the syncs' jitter: more rounds than bench_commits). A young trace ring must not
         # fill up over the warm-up and the rounds.
         m = min(n // 2 if sync == "FULL" else n, POOL * (DEFAULT_TRACE_MAX // (rounds + 1)))
-        conns: dict[str, Any] = {}
-        runs: dict[str, Callable[[], float]] = {}
-        for shape in SHAPES:
-            db = tmp / f"shape-{shape}-{tag.replace('/', '-')}.db"
-            conns[shape] = bare_connection(driver, str(db), sync)
-            runs[shape] = floor_commits(conns[shape], m, True, SHAPES[shape])
-            if ring_full:
-                fill_trace_rings(conns[shape])
-            runs[shape]()  # warm up
-        times = alternate(runs, rounds)
-        for conn in conns.values():
-            conn.close()
+        dbs = {shape: str(tmp / f"shape-{shape}-{tag.replace('/', '-')}.db") for shape in SHAPES}
+        times = race(dbs, driver, sync, m, rounds, True, ring_full)
         new, previous = best(times["new"]), best(times["previous"])
         paired = [a / b for a, b in zip(times["new"], times["previous"], strict=True)]
         # Targets on sqlite3 only: libsql's costlier statement calls dilute the ratio and its
