@@ -69,8 +69,6 @@ def usec(seconds: float) -> float:
 
 
 # --- commits: the store against the same statements on a bare connection ---
-
-
 def bare_connection(driver: str, database: str, synchronous: str) -> Any:
     """The store's driver and pragmas, with no store code."""
     if driver == "libsql":
@@ -115,12 +113,16 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
     def run() -> float:
         ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]  # fresh dedupe markers
         timers = [[TimerOp.schedule("main.wait", at)] for at in fire_times(n)]
-        step = STEP if trace else None
         t0 = time.perf_counter()
         for i in range(n):
             exe = exes[i % POOL]
-            evs = [(exe.id, events[i])]
-            store.commit(exe, evs, processed_event_id=ids[i], timers=timers[i], trace=step)
+            store.commit(
+                exe,
+                [(exe.id, events[i])],
+                processed_event_id=ids[i],
+                timers=timers[i],
+                trace=STEP if trace else None,
+            )
         return (time.perf_counter() - t0) / n
 
     return run
@@ -169,6 +171,7 @@ def floor_commits(
         conn.execute(sql["insert_execution"], bind["insert_execution"](params))
     conn.commit()
     events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
+    step = STEP_JSON
 
     def run(marker: bool = True) -> float:
         ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
@@ -188,8 +191,9 @@ def floor_commits(
                 conn.execute(statement, bound((eid, ids[i])))
             conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
             if trace:
-                trace_params = bind["append_trace"]((eid, STEP_JSON))
-                (idx,) = conn.execute(sql["append_trace"], trace_params).fetchone()
+                (idx,) = conn.execute(
+                    sql["append_trace"], bind["append_trace"]((eid, step))
+                ).fetchone()
                 if idx >= DEFAULT_TRACE_MAX:
                     conn.execute(sql["trim_trace"], bind["trim_trace"]((eid, DEFAULT_TRACE_MAX)))
             conn.commit()
@@ -272,8 +276,6 @@ def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
 
 
 # --- the write shape: previous (0002, all summary columns in SET) against new (head) ---
-
-
 def table_kinds(database: Path) -> dict[str, bool]:
     """The store's tables and whether each is WITHOUT ROWID."""
     conn = sqlite3.connect(database)
@@ -356,16 +358,10 @@ def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
         target = ""
         if driver == "sqlite" and not ring_full:
             target = "<= 0.75" if sync == "NORMAL" else "<= 0.90"
-        report.add(
-            f"commit new/previous shape {tag}",
-            new / previous,
-            target,
-            new_us=usec(new),
-            previous_us=usec(previous),
-            commits=m,
-            # a cross-check on noise: the ratio of each round's two adjacent runs
-            median_round_ratio=round(statistics.median(paired), 4),
-        )
+        raw: dict[str, Any] = {"new_us": usec(new), "previous_us": usec(previous), "commits": m}
+        # a cross-check on noise: the median ratio of each round's two adjacent runs
+        raw["median_round_ratio"] = round(statistics.median(paired), 4)
+        report.add(f"commit new/previous shape {tag}", new / previous, target, **raw)
 
 
 # --- datasets for the read benchmarks, built with bulk SQL ---
@@ -491,8 +487,6 @@ def bench_reads(
 
 
 # --- async twin: throughput against the sync store, and the event-loop lag it causes ---
-
-
 async def _async_run(path: Path, n: int, tasks: int) -> tuple[float, list[float]]:
     """``n`` commits from ``tasks`` tasks of an AsyncLibsqlStore: the seconds a commit, and
     the ticker's delays meanwhile."""
@@ -543,8 +537,6 @@ def bench_async(report: Report, tmp: Path, n: int) -> None:
 
 
 # --- memory: peak RSS of a run over the smallest and the largest dataset ---
-
-
 def rss_child(path: Path, n: int) -> None:
     """Walk listing pages, sweep timers, load and commit: then report peak RSS (KiB)."""
     store = LibsqlStore(path, migrate=False, synchronous="NORMAL")
@@ -568,12 +560,8 @@ def bench_memory(report: Report, paths: dict[int, Path]) -> None:
         rss[n] = int(Child(module("run", "--rss-child", str(path), str(n))).close(600).split()[-1])
     small, large = min(rss), max(rss)
     mib = {str(k): round(v / 1024, 1) for k, v in rss.items()}
-    report.add(
-        f"peak RSS {large // 1000}k/{small // 1000}k",
-        rss[large] / rss[small],
-        "flat (~1)",
-        rss_mib=mib,
-    )
+    label = f"peak RSS {large // 1000}k/{small // 1000}k"
+    report.add(label, rss[large] / rss[small], "flat (~1)", rss_mib=mib)
 
 
 def main() -> None:
