@@ -458,10 +458,9 @@ def bench_reads(
     report: Report, tmp: Path, sizes: list[int], iterations: int, rounds: int
 ) -> dict[int, Path]:
     report.section(f"reads: page latency at {sizes} executions (ratios against the smallest)")
-    paths: dict[int, Path] = {}
-    for n in sizes:
-        paths[n] = tmp / f"data-{n}.db"
-        took = build_dataset(paths[n], n)
+    paths = {n: tmp / f"data-{n}.db" for n in sizes}
+    for n, path in paths.items():
+        took = build_dataset(path, n)
         print(f"  built {n} executions, timers, markers in {took:.1f}s", flush=True)
     small, large = sizes[0], sizes[-1]
     for driver in DRIVERS:
