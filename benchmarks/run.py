@@ -12,14 +12,14 @@ previous one on a bare connection; listing and timer-sweep latency at 1k / 100k 
 executions; the async twin; peak RSS.
 
 Prints a table and writes JSON to ``benchmarks/results/run-<timestamp>.json`` (not in a smoke
-run). Not a test: the numbers depend on the machine and its load; the ratios are what to
-compare across machines.
+run). Not a test: the numbers depend on the machine and its load; compare the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -57,10 +57,18 @@ from harel_store.store import DEFAULT_TRACE_MAX, Store
 
 NOW = 2000.0  # the sweep's "now": 100 timers are due at or before it in every dataset
 DRIVERS: dict[str, Any] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
+POOL = 100  # executions the commits cycle through
+STEP = {"state": "main.wait", "event": "tick"}  # the trace step of every benchmark commit
+STEP_JSON = json.dumps(STEP, separators=(",", ":"))
+WAL_COMMITS = 60
+RING_FULL = (False, True)  # the trace rings as a young execution's, then full (every step trims)
+
+
+def usec(seconds: float) -> float:
+    return round(seconds * 1e6, 1)
+
 
 # --- commits: the store against the same statements on a bare connection ---
-
-
 def bare_connection(driver: str, database: str, synchronous: str) -> Any:
     """The store's driver and pragmas, with no store code."""
     if driver == "libsql":
@@ -72,10 +80,6 @@ def bare_connection(driver: str, database: str, synchronous: str) -> Any:
         conn.execute("PRAGMA journal_mode = WAL", ()).fetchall()
     conn.execute(f"PRAGMA synchronous = {synchronous}", ())
     return conn
-
-
-POOL = 100  # executions the commits cycle through
-STEP = {"state": "main.wait", "event": "tick"}  # the trace step of every benchmark commit
 
 
 def executions(prefix: str = "exe") -> list[Execution]:
@@ -128,26 +132,16 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
 # its dedupe marker's statements (SQL, bind).
 Shape = tuple[tuple[str, ...], str, tuple[tuple[str, Callable[..., Any]], ...]]
 MARKS = tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "note_marker"))
+# Revision 0002 (markers, timers and trace as rowid tables) and the later migrations that only
+# add columns and indexes, so that the statements of queries.sql run on it.
+PREVIOUS = tuple(
+    f"migrations/{script.name}"
+    for number in (1, 2, 4, 5, 6, 7, 8)
+    for script in sorted((SQL_DIR / "migrations").glob(f"{number:04d}_*.up.sql"))
+)
 SHAPES: dict[str, Shape] = {
-    # Revision 0002: markers, timers and trace as rowid tables; every summary column in SET
-    # (all of harel_executions' index entries rewritten). The later migrations that only add
-    # columns and indexes are applied too, so the statements of queries.sql run on it.
-    "previous": (
-        tuple(
-            f"migrations/{name}.up.sql"
-            for name in (
-                "0001_initial",
-                "0002_hot_read_indexes",
-                "0004_claims",
-                "0005_times",
-                "0006_dead_letters",
-                "0007_retention",
-                "0008_trace_times",
-            )
-        ),
-        "update_execution",
-        MARKS,
-    ),
+    # Every summary column in SET (all of harel_executions' index entries rewritten).
+    "previous": (PREVIOUS, "update_execution", MARKS),
     # Head (0003, WITHOUT ROWID); status and parent_id checked in WHERE, not SET: what the
     # store issues for a typical commit.
     "new": (("schema.sql",), "update_execution_data", MARKS),
@@ -177,7 +171,7 @@ def floor_commits(
         conn.execute(sql["insert_execution"], bind["insert_execution"](params))
     conn.commit()
     events = [Event(name="tick", payload={"n": i}).model_dump_json() for i in range(n)]
-    step = json.dumps(STEP, separators=(",", ":"))
+    step = STEP_JSON
 
     def run(marker: bool = True) -> float:
         ids = [f"in-{time.perf_counter_ns()}-{i}" for i in range(n)]
@@ -216,59 +210,72 @@ SELECT e.id, seq.n, ?, (julianday('now') - 2440587.5) * 86400.0 FROM harel_execu
 
 
 def fill_trace_rings(conn: Any) -> None:
-    """Every execution's trace ring full, before its first step: each commit then trims one.
-    Through ``conn``, the connection (bare, or the store's) already open on the file: a
-    connection of another SQLite library would delete its WAL when it closed. No automatic
-    checkpoint meanwhile (bench_wal's WAL must not restart)."""
+    """Every execution's trace ring full (each commit then trims one), through ``conn``: another
+    SQLite library's connection would delete the WAL on close. No checkpoint meanwhile."""
     ((every,),) = conn.execute("PRAGMA wal_autocheckpoint", ()).fetchall()
     conn.execute("PRAGMA wal_autocheckpoint = 0", ())
     conn.execute("BEGIN IMMEDIATE", ())
-    conn.execute(FILL_TRACE, (DEFAULT_TRACE_MAX, json.dumps(STEP, separators=(",", ":"))))
+    conn.execute(FILL_TRACE, (DEFAULT_TRACE_MAX, STEP_JSON))
     conn.commit()
     conn.execute(f"PRAGMA wal_autocheckpoint = {every}", ())
+
+
+def commits_on(
+    who: str, driver: str, database: str, sync: str, n: int, trace: bool
+) -> tuple[Any, Callable[[], float], Callable[[], None]]:
+    """``n`` commits a run on a fresh database, of the store ("store") or of a bare connection
+    with the shape ``who``: the connection, the run and what closes it."""
+    if who == "store":
+        store = DRIVERS[driver](database, synchronous=sync)
+        return store._conn.db, store_commits(store, n, trace), store.close
+    conn = bare_connection(driver, database, sync)
+    return conn, floor_commits(conn, n, trace, SHAPES[who]), conn.close
+
+
+def race(
+    dbs: dict[str, str], driver: str, sync: str, n: int, rounds: int, trace: bool, full: bool
+) -> dict[str, list[float]]:
+    """The commit runs of ``dbs`` (who: database, see commits_on), trace rings ``full`` or
+    not, each warmed up once, then in turns for ``rounds``: each round's seconds a commit."""
+    runs: dict[str, Callable[[], float]] = {}
+    closes = []
+    for who, db in dbs.items():
+        conn, runs[who], close = commits_on(who, driver, db, sync, n, trace)
+        closes.append(close)
+        if full:
+            fill_trace_rings(conn)
+        runs[who]()  # warm up
+    times = alternate(runs, rounds)
+    for close in closes:
+        close()
+    return times
 
 
 def bench_commits(report: Report, tmp: Path, n: int, rounds: int) -> None:
     report.section("commits: store / bare connection, same statements and pragmas")
     per_commit: dict[str, float] = {}
-    for place, sync in (("file", "NORMAL"), ("file", "FULL"), ("memory", "NORMAL")):
-        for driver in DRIVERS:
-            for trace in (True, False):
-                tag = f"{driver}/{place}" + (f"/{sync}" if place == "file" else "")
-                tag += "/trace" if trace else "/no-trace"
-                db_s = ":memory:" if place == "memory" else str(tmp / f"s-{tag.replace('/', '-')}")
-                db_f = ":memory:" if place == "memory" else str(tmp / f"f-{tag.replace('/', '-')}")
-                store = DRIVERS[driver](db_s, synchronous=sync)
-                conn = bare_connection(driver, db_f, sync)
-                # FULL syncs every commit: fewer of them keep the run short.
-                m = max(50, n // 10) if sync == "FULL" and place == "file" else n
-                runs = {
-                    "store": store_commits(store, m, trace),
-                    "floor": floor_commits(conn, m, trace),
-                }
-                for run in runs.values():
-                    run()  # warm up
-                times = alternate(runs, rounds)
-                store.close()
-                conn.close()
-                s, f = best(times["store"]), best(times["floor"])
-                per_commit[tag] = s
-                target = "<= 1.15" if tag.split("/", 1)[1].startswith("file/NORMAL") else ""
-                us: dict[str, Any] = {"store_us": round(s * 1e6, 1), "floor_us": round(f * 1e6, 1)}
-                report.add(f"commit {tag}", s / f, target, commits=m, **us)
-    for tag in per_commit:  # LibsqlStore time / SqliteStore time per commit
+    places = (("file", "NORMAL"), ("file", "FULL"), ("memory", "NORMAL"))
+    for (place, sync), driver, trace in itertools.product(places, DRIVERS, (True, False)):
+        where = f"file/{sync}" if place == "file" else place
+        tag = f"{driver}/{where}/{'trace' if trace else 'no-trace'}"
+        name = tag.replace("/", "-")
+        dbs = {who: str(tmp / f"{who}-{name}") for who in ("store", "new")}
+        if place == "memory":
+            dbs = dict.fromkeys(dbs, ":memory:")
+        m = max(50, n // 10) if sync == "FULL" else n  # FULL syncs every commit: fewer of them
+        times = race(dbs, driver, sync, m, rounds, trace, False)
+        s, f = best(times["store"]), best(times["new"])
+        per_commit[tag] = s
+        target = "<= 1.15" if where == "file/NORMAL" else ""
+        report.add(f"commit {tag}", s / f, target, commits=m, store_us=usec(s), floor_us=usec(f))
+    for tag, s in per_commit.items():  # LibsqlStore time / SqliteStore time per commit
         if tag.startswith("libsql/file"):
-            ratio = per_commit[tag] / per_commit["sqlite" + tag.removeprefix("libsql")]
+            rest = tag.removeprefix("libsql/")
             target = "<= 1.20" if "NORMAL" in tag else ""
-            report.add(f"commit libsql vs sqlite {tag.removeprefix('libsql/')}", ratio, target)
+            report.add(f"commit libsql vs sqlite {rest}", s / per_commit[f"sqlite/{rest}"], target)
 
 
 # --- the write shape: previous (0002, all summary columns in SET) against new (head) ---
-
-WAL_COMMITS = 60
-RING_FULL = (False, True)  # the trace rings as a young execution's, then full (every step trims)
-
-
 def table_kinds(database: Path) -> dict[str, bool]:
     """The store's tables and whether each is WITHOUT ROWID."""
     conn = sqlite3.connect(database)
@@ -308,6 +315,8 @@ def wal_pages(database: Path, run: Callable[[], float]) -> tuple[float, int, dic
 
 
 def bench_wal(report: Report, tmp: Path) -> None:
+    """WAL frames a typical commit appends (a page count, not a ratio), synchronous NORMAL:
+    SqliteStore at head, then bare sqlite3 with each shape."""
     report.section(f"WAL pages per typical commit ({WAL_COMMITS} commits, WAL held by a reader)")
     for ring_full in RING_FULL:
         suffix = " (trace ring full)" if ring_full else ""
@@ -315,16 +324,8 @@ def bench_wal(report: Report, tmp: Path) -> None:
         kinds: dict[str, dict[str, bool]] = {}
         for who in ("store", "previous", "new"):
             db = tmp / f"wal-{who}{'-ring' if ring_full else ''}.db"
-            close: Callable[[], None]
-            if who == "store":
-                store = SqliteStore(db, synchronous="NORMAL")
-                conn = store._conn.db  # type: ignore[attr-defined]
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-                run, close = store_commits(store, WAL_COMMITS, trace=True), store.close
-            else:
-                conn = bare_connection("sqlite", str(db), "NORMAL")
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-                run, close = floor_commits(conn, WAL_COMMITS, True, SHAPES[who]), conn.close
+            conn, run, close = commits_on(who, "sqlite", str(db), "NORMAL", WAL_COMMITS, True)
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
             if ring_full:
                 fill_trace_rings(conn)
             run()  # warm up: each execution measured next has its marker, timer and trace
@@ -332,57 +333,35 @@ def bench_wal(report: Report, tmp: Path) -> None:
             close()
             kinds[who] = table_kinds(db)
         assert kinds["store"] == kinds["new"] != kinds["previous"], kinds
-        # WAL frames appended per typical commit (a page count, not a ratio): SqliteStore at
-        # head, then bare sqlite3 with each shape; synchronous NORMAL
         for who, (per, frames, sizes) in pages.items():
-            label = "store" if who == "store" else f"bare {who} shape"
+            label = f"wal pages/commit {'store' if who == 'store' else f'bare {who} shape'}"
             target = "<= 8" if who == "store" and not ring_full else ""
-            report.add(
-                f"wal pages/commit {label}{suffix}", per, target, frames=frames, by_pages=sizes
-            )
+            report.add(f"{label}{suffix}", per, target, frames=frames, by_pages=sizes)
         ratio = pages["new"][0] / pages["previous"][0]
         report.add(f"wal pages new/previous shape{suffix}", ratio)
 
 
 def bench_shape(report: Report, tmp: Path, n: int, rounds: int) -> None:
     report.section("commit time: new shape / previous shape, bare connection, same commit")
-    for ring_full in RING_FULL:
-        for sync in ("NORMAL", "FULL"):
-            for driver in DRIVERS:
-                tag = f"{driver}/file/{sync}" + ("/ring-full" if ring_full else "")
-                # FULL syncs every commit: fewer of them keep the run short (but long enough
-                # to even out the syncs' jitter; more rounds than bench_commits for the same).
-                # A young trace ring must not fill up over the warm-up and the rounds.
-                m = min(n // 2 if sync == "FULL" else n, POOL * (DEFAULT_TRACE_MAX // (rounds + 1)))
-                conns: dict[str, Any] = {}
-                runs: dict[str, Callable[[], float]] = {}
-                for shape in SHAPES:
-                    db = tmp / f"shape-{shape}-{tag.replace('/', '-')}.db"
-                    conns[shape] = bare_connection(driver, str(db), sync)
-                    runs[shape] = floor_commits(conns[shape], m, True, SHAPES[shape])
-                    if ring_full:
-                        fill_trace_rings(conns[shape])
-                    runs[shape]()  # warm up
-                times = alternate(runs, rounds)
-                for conn in conns.values():
-                    conn.close()
-                new, previous = best(times["new"]), best(times["previous"])
-                paired = [a / b for a, b in zip(times["new"], times["previous"], strict=True)]
-                # Targets on sqlite3 only: libsql's costlier statement calls dilute the ratio
-                # and its FULL rows spread wider between runs (0.75 - 1.0 here).
-                target = ""
-                if driver == "sqlite" and not ring_full:
-                    target = "<= 0.75" if sync == "NORMAL" else "<= 0.90"
-                report.add(
-                    f"commit new/previous shape {tag}",
-                    new / previous,
-                    target,
-                    new_us=round(new * 1e6, 1),
-                    previous_us=round(previous * 1e6, 1),
-                    commits=m,
-                    # a cross-check on noise: the ratio of each round's two adjacent runs
-                    median_round_ratio=round(statistics.median(paired), 4),
-                )
+    for ring_full, sync, driver in itertools.product(RING_FULL, ("NORMAL", "FULL"), DRIVERS):
+        tag = f"{driver}/file/{sync}" + ("/ring-full" if ring_full else "")
+        # FULL syncs every commit: fewer of them keep the run short (but long enough to even
+        # out the syncs' jitter: more rounds than bench_commits). A young trace ring must not
+        # fill up over the warm-up and the rounds.
+        m = min(n // 2 if sync == "FULL" else n, POOL * (DEFAULT_TRACE_MAX // (rounds + 1)))
+        dbs = {shape: str(tmp / f"shape-{shape}-{tag.replace('/', '-')}.db") for shape in SHAPES}
+        times = race(dbs, driver, sync, m, rounds, True, ring_full)
+        new, previous = best(times["new"]), best(times["previous"])
+        paired = [a / b for a, b in zip(times["new"], times["previous"], strict=True)]
+        # Targets on sqlite3 only: libsql's costlier statement calls dilute the ratio and its
+        # FULL rows spread wider between runs (0.75 - 1.0 here).
+        target = ""
+        if driver == "sqlite" and not ring_full:
+            target = "<= 0.75" if sync == "NORMAL" else "<= 0.90"
+        raw: dict[str, Any] = {"new_us": usec(new), "previous_us": usec(previous), "commits": m}
+        # a cross-check on noise: the median ratio of each round's two adjacent runs
+        raw["median_round_ratio"] = round(statistics.median(paired), 4)
+        report.add(f"commit new/previous shape {tag}", new / previous, target, **raw)
 
 
 # --- datasets for the read benchmarks, built with bulk SQL ---
@@ -451,34 +430,26 @@ LISTINGS: dict[str, dict[str, Any]] = {
 
 
 def read_latencies(path: Path, n: int, driver: str, iterations: int) -> dict[str, float]:
+    """The median latency of each listing's first and middle page, the timer sweep, a load and
+    the same row read by a bare primary-key select."""
     store = DRIVERS[driver](path, migrate=False)
-    out: dict[str, float] = {}
+    calls: dict[str, Callable[[], object]] = {}
     middle = f"exe-{n // 2:08d}"
     for name, kwargs in LISTINGS.items():
         # The middle of the listing: of the ids, or of the update times.
         timed = kwargs.get("newest_first", False)
         cursor = encode_cursor("", "newest", T0 + n // 2) if timed else encode_cursor(middle)
-        out[f"list {name} (first page)"] = median_call(
-            lambda kwargs=kwargs: store.list_executions(limit=50, **kwargs), iterations
-        )
-        out[f"list {name} (middle page)"] = median_call(
-            lambda kwargs=kwargs, cursor=cursor: store.list_executions(
-                limit=50, cursor=cursor, **kwargs
-            ),
-            iterations,
-        )
-    due = store.due_timers(NOW)
-    assert len(due) == 100, len(due)
-    out["due_timers 100 due"] = median_call(lambda: store.due_timers(NOW), iterations)
+        page = functools.partial(store.list_executions, limit=50, **kwargs)
+        calls[f"list {name} (first page)"] = page
+        calls[f"list {name} (middle page)"] = functools.partial(page, cursor=cursor)
+    calls["due_timers 100 due"] = functools.partial(store.due_timers, NOW)
     ids = [f"exe-{(i * 7919) % n:08d}" for i in range(iterations)]
-    it = iter(ids * 40)
-    out["load_for_event"] = median_call(lambda: store.load_for_event(next(it), "ev-1"), iterations)
-    conn = store._conn.db
+    loads, selects, conn = iter(ids * 40), iter(ids * 40), store._conn.db
     sql = "SELECT data FROM harel_executions WHERE id = ?"
-    it2 = iter(ids * 40)
-    out["bare pk select"] = median_call(
-        lambda: conn.execute(sql, (next(it2),)).fetchone(), iterations
-    )
+    calls["load_for_event"] = lambda: store.load_for_event(next(loads), "ev-1")
+    calls["bare pk select"] = lambda: conn.execute(sql, (next(selects),)).fetchone()
+    out = {figure: median_call(call, iterations) for figure, call in calls.items()}
+    assert len(due := store.due_timers(NOW)) == 100, len(due)
     store.close()
     return out
 
@@ -487,19 +458,17 @@ def bench_reads(
     report: Report, tmp: Path, sizes: list[int], iterations: int, rounds: int
 ) -> dict[int, Path]:
     report.section(f"reads: page latency at {sizes} executions (ratios against the smallest)")
-    paths: dict[int, Path] = {}
-    for n in sizes:
-        paths[n] = tmp / f"data-{n}.db"
-        took = build_dataset(paths[n], n)
+    paths = {n: tmp / f"data-{n}.db" for n in sizes}
+    for n, path in paths.items():
+        took = build_dataset(path, n)
         print(f"  built {n} executions, timers, markers in {took:.1f}s", flush=True)
     small, large = sizes[0], sizes[-1]
     for driver in DRIVERS:
         # Sizes take turns, round after round; each figure keeps its best round's median.
         lat: dict[int, dict[str, float]] = {n: {} for n in sizes}
-        for _ in range(rounds):
-            for n in sizes:
-                for figure, value in read_latencies(paths[n], n, driver, iterations).items():
-                    lat[n][figure] = min(value, lat[n].get(figure, value))
+        for _, n in itertools.product(range(rounds), sizes):
+            for figure, value in read_latencies(paths[n], n, driver, iterations).items():
+                lat[n][figure] = min(value, lat[n].get(figure, value))
         for figure in lat[small]:
             if figure in ("load_for_event", "bare pk select"):
                 continue
@@ -508,19 +477,15 @@ def bench_reads(
                     f"{driver} {figure} {n // 1000}k/{small // 1000}k",  # median latency
                     lat[n][figure] / lat[small][figure],
                     "<= 2" if n == large else "",
-                    us={str(k): round(v[figure] * 1e6, 1) for k, v in lat.items()},
+                    us={str(k): usec(v[figure]) for k, v in lat.items()},
                 )
         store, bare = lat[large]["load_for_event"], lat[large]["bare pk select"]
-        us: dict[str, Any] = {"store": round(store * 1e6, 1), "bare": round(bare * 1e6, 1)}
-        report.add(
-            f"{driver} load_for_event / bare pk select @{large // 1000}k", store / bare, **us
-        )
+        label = f"{driver} load_for_event / bare pk select @{large // 1000}k"
+        report.add(label, store / bare, store=usec(store), bare=usec(bare))
     return paths
 
 
 # --- async twin: throughput against the sync store, and the event-loop lag it causes ---
-
-
 async def _async_run(path: Path, n: int, tasks: int) -> tuple[float, list[float]]:
     """``n`` commits from ``tasks`` tasks of an AsyncLibsqlStore: the seconds a commit, and
     the ticker's delays meanwhile."""
@@ -557,8 +522,8 @@ def bench_async(report: Report, tmp: Path, n: int) -> None:
     for tasks in (1, 16):
         took, lags = asyncio.run(_async_run(tmp / f"async-{tasks}.db", n, tasks))
         idle = max(asyncio.run(ticked(asyncio.sleep(max(0.5, took * n)))))
-        us: dict[str, Any] = {"async_us": round(took * 1e6, 1), "sync_us": round(sync_t * 1e6, 1)}
-        report.add(f"async commit time / sync, {tasks} task(s)", took / sync_t, **us)
+        label = f"async commit time / sync, {tasks} task(s)"
+        report.add(label, took / sync_t, async_us=usec(took), sync_us=usec(sync_t))
         report.add(
             f"async loop lag max / idle loop lag max, {tasks} task(s)",  # a 1 ms ticker's
             max(lags) / idle,
@@ -571,15 +536,12 @@ def bench_async(report: Report, tmp: Path, n: int) -> None:
 
 
 # --- memory: peak RSS of a run over the smallest and the largest dataset ---
-
-
 def rss_child(path: Path, n: int) -> None:
     """Walk listing pages, sweep timers, load and commit: then report peak RSS (KiB)."""
     store = LibsqlStore(path, migrate=False, synchronous="NORMAL")
     cursor = None
     for _ in range(200):
-        page = store.list_executions(status="running", limit=200, cursor=cursor)
-        cursor = page.next_cursor
+        cursor = store.list_executions(status="running", limit=200, cursor=cursor).next_cursor
         if cursor is None:
             break
     store.due_timers(NOW)
@@ -594,16 +556,11 @@ def bench_memory(report: Report, paths: dict[int, Path]) -> None:
     report.section("memory: peak RSS of the same run over each dataset")
     rss = {}
     for n, path in paths.items():
-        out = Child(module("run", "--rss-child", str(path), str(n))).close(600)
-        rss[n] = int(out.split()[-1])
+        rss[n] = int(Child(module("run", "--rss-child", str(path), str(n))).close(600).split()[-1])
     small, large = min(rss), max(rss)
     mib = {str(k): round(v / 1024, 1) for k, v in rss.items()}
-    report.add(
-        f"peak RSS {large // 1000}k/{small // 1000}k",
-        rss[large] / rss[small],
-        "flat (~1)",
-        rss_mib=mib,
-    )
+    label = f"peak RSS {large // 1000}k/{small // 1000}k"
+    report.add(label, rss[large] / rss[small], "flat (~1)", rss_mib=mib)
 
 
 def main() -> None:
