@@ -26,6 +26,8 @@ from benchmarks.harness import ROOT, archive, parser
 COMMITS = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
+if sys.argv[5:] == ["no-otel"]:
+    sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
 os.environ.setdefault("RUST_LOG", "off")
 from harel_store import Event, Execution, LibsqlStore, SqliteStore, TimerOp
 store = {"libsql": LibsqlStore, "sqlite": SqliteStore}[sys.argv[2]](":memory:")
@@ -44,11 +46,11 @@ for i in range(n):
 ROWS = [(driver, trace) for driver in ("sqlite", "libsql") for trace in ("trace", "no-trace")]
 
 
-def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
+def instructions(tree: Path, driver: str, trace: str, commits: int, *more: str) -> int:
     with tempfile.NamedTemporaryFile(suffix=".out") as out:
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
-             sys.executable, "-c", COMMITS, str(tree), driver, trace, str(commits)],
+             sys.executable, "-c", COMMITS, str(tree), driver, trace, str(commits), *more],
             check=True, capture_output=True,
         )  # fmt: skip
         totals = re.search(r"^(?:summary|totals): (\d+)", Path(out.name).read_text(), re.M)
@@ -56,10 +58,10 @@ def instructions(tree: Path, driver: str, trace: str, commits: int) -> int:
     return int(totals[1])
 
 
-def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int]) -> float:
+def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int], *more: str) -> float:
     """Instructions of the larger run less the smaller one's, a commit."""
-    fewer, more = (instructions(tree, driver, trace, commits) for commits in runs)
-    return (more - fewer) / (runs[1] - runs[0])
+    fewer, most = (instructions(tree, driver, trace, commits, *more) for commits in runs)
+    return (most - fewer) / (runs[1] - runs[0])
 
 
 def main() -> None:
@@ -76,6 +78,15 @@ def main() -> None:
             old = per_commit(old_tree, driver, trace, runs)
             label = f"{driver} {trace}"
             print(f"  {label:<16} {new:>9,.0f} / {old:>9,.0f} = {new / old:.3f}", flush=True)
+        # The otel extra installed and no provider set, against the API absent (target
+        # <= 1.02): what the store's telemetry costs an application that does not use it
+        # (and does not import the API: one that does pays for its import's objects in
+        # every garbage collection, ~3 % of a commit here, whatever the store does).
+        driver, trace = rows[-1]
+        print(f"instructions per commit, {driver} {trace}: OpenTelemetry API, no provider / none")
+        on = per_commit(ROOT, driver, trace, runs)
+        off = per_commit(ROOT, driver, trace, runs, "no-otel")
+        print(f"  this tree        {on:>9,.0f} / {off:>9,.0f} = {on / off:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from harel_store import queues, wakeup
+from harel_store import queues, telemetry, wakeup
 from harel_store.awaiting import Call, wait_message
 from harel_store.batch import Batch, Conflicted, Plan, fresh, statement
 from harel_store.checks import (
@@ -83,6 +83,7 @@ class Executions(StoreCore):
         yield from Executions.commit.plan(self, exe, [])
 
     @operation
+    @telemetry.observed
     def commit(
         self,
         exe: Execution,

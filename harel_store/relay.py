@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from harel_store import queues
+from harel_store import queues, telemetry
 from harel_store.aio import AsyncLibsqlStore
 from harel_store.batch import settle
 from harel_store.checks import check_finite, check_id, check_max_attempts, check_timeout
@@ -232,6 +232,7 @@ def _retries(
         retry = options.retry_in(count)
         groups.setdefault((error, retry), []).append(item)
         last = limit is not None and count >= limit
+        telemetry.count(telemetry.kind_of(item), "dead" if last else "failed")
         log.warning(
             "%s failed on attempt %d%s: %s; %s",
             queues.describe(item),
@@ -241,6 +242,15 @@ def _retries(
             "a dead letter at its next claim" if last else f"retry in {retry:g} s",
         )
     return groups
+
+
+def _tally(outcome: _Round) -> None:
+    """The round's items handled and those given back, counted (`telemetry`; failed and
+    dead ones in `_retries`)."""
+    for item in outcome.done:
+        telemetry.count(telemetry.kind_of(item), "done")
+    for item in outcome.left():
+        telemetry.count(telemetry.kind_of(item), "released")
 
 
 def _unsettled(worker: str, exc: Exception) -> None:
@@ -359,7 +369,7 @@ class Relay:
                         if self._stopping.is_set():
                             break
                         if id(item) not in outcome.lost:
-                            self._handle(self._o.handlers[kind], item, outcome)
+                            self._handle(self._o.handlers[kind], kind, item, outcome)
             except BaseException:  # KeyboardInterrupt and kin: settled, and they go on
                 try:
                     self._settle(outcome, holding, schedule)
@@ -370,11 +380,14 @@ class Relay:
         return outcome.handled
 
     @staticmethod
-    def _handle(handler: Callable[[Any], object], item: RelayItem, outcome: _Round) -> None:
+    def _handle(
+        handler: Callable[[Any], object], kind: DeadKind, item: RelayItem, outcome: _Round
+    ) -> None:
         tries = 0
         while True:
             try:
-                handler(item)
+                with telemetry.handling(kind, item, queues.describe(item)):
+                    handler(item)
             except StoreConflict as exc:
                 tries += 1
                 if _conflicted(item, tries, exc):
@@ -387,6 +400,7 @@ class Relay:
             return
 
     def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:
+        _tally(outcome)
         store, worker = self._store, self._o.worker
         done = holding.unconsumed(outcome.done)
         if done:
@@ -595,7 +609,7 @@ class AsyncRelay:
         """Handle what a claim brought, up to ``slots`` at once; ack, fail, release."""
         outcome = _Round([item for _, item in items])
 
-        async def handle(handler: AsyncHandler, item: RelayItem) -> None:
+        async def handle(handler: AsyncHandler, kind: DeadKind, item: RelayItem) -> None:
             try:
                 async with self._one_at_a_time(item), slots:
                     if self._stopping.is_set() or id(item) in outcome.lost:
@@ -603,7 +617,8 @@ class AsyncRelay:
                     tries = 0
                     while True:
                         try:
-                            await handler(item)
+                            with telemetry.handling(kind, item, queues.describe(item)):
+                                await handler(item)
                         except StoreConflict as exc:
                             tries += 1
                             if _conflicted(item, tries, exc):
@@ -620,7 +635,7 @@ class AsyncRelay:
         with queues.Holding(self._store.database_key, outcome.claimed) as holding:
             keeper = asyncio.ensure_future(self._keep(outcome))
             try:
-                await asyncio.gather(*(handle(self._o.handlers[k], item) for k, item in items))
+                await asyncio.gather(*(handle(self._o.handlers[k], k, item) for k, item in items))
             except BaseException:  # a cancellation and kin: settled, and they go on
                 keeper.cancel()
                 try:
@@ -635,6 +650,7 @@ class AsyncRelay:
         return outcome.handled
 
     async def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:
+        _tally(outcome)
         store, worker = self._store, self._o.worker
         writes: list[Awaitable[Any]] = []
         done = holding.unconsumed(outcome.done)

@@ -33,6 +33,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "instructions": (
         "instructions per commit, in memory: this tree / HEAD",
         "  sqlite no-trace",
+        "instructions per commit, sqlite no-trace: OpenTelemetry API, no provider / none",
+        "  this tree ",
     ),
     "run": (
         "commits: store / bare connection, same statements and pragmas",
