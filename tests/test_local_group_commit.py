@@ -28,6 +28,7 @@ from harel_store import (
 from harel_store.connection.local import LocalConnection
 from harel_store.store import Store
 from tests.helpers import refused_batch, wait_until
+from tests.test_local import LOCKER
 
 DRIVERS: dict[str, type[Store]] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
 
@@ -54,10 +55,12 @@ def statements(store: Store) -> Iterator[list[str]]:
         db.set_trace_callback(None)  # type: ignore[attr-defined]
 
 
-def queued_then_released(store: Store, calls: list[Callable[[], Any]]) -> list[Any]:
+def queued_then_released(
+    store: Store, calls: list[Callable[[], Any]], meanwhile: Callable[[], Any] = lambda: None
+) -> list[Any]:
     """Run each call in its own thread while the connection is held, so that every one of
-    their writes waits in the queue; then let them go, and return each one's result or
-    exception."""
+    their writes waits in the queue; then (after ``meanwhile``, in a thread of its own) let
+    them go, and return each one's result or exception."""
     conn = local(store)
     outcomes: list[Any] = [None] * len(calls)
 
@@ -68,11 +71,13 @@ def queued_then_released(store: Store, calls: list[Callable[[], Any]]) -> list[A
             outcomes[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    other = threading.Thread(target=meanwhile)
     with conn._lock:  # a write under way: whatever comes now waits
         for t in threads:
             t.start()
         wait_until(lambda: len(conn._queue) == len(calls), "every write waits")
-    for t in threads:
+        other.start()
+    for t in [*threads, other]:
         t.join(timeout=30)
     return outcomes
 
@@ -160,26 +165,16 @@ def test_async_tasks_commit_in_groups_each_with_its_own_outcome(tmp_path: Path) 
     sync.close()
 
 
-HOLD_LOCK = """
-import sqlite3, sys, time
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-print("held", flush=True)
-time.sleep(float(sys.argv[2]))
-db.execute("COMMIT")
-"""
-
-
 @pytest.mark.parametrize("driver", ["libsql", "sqlite"])
 def test_a_group_waits_for_another_process_holding_the_file(driver: str, tmp_path: Path) -> None:
     db = tmp_path / "group.db"
     store = DRIVERS[driver](db)
     exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(8)]
     other = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(db), "0.5"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", LOCKER, str(db), "0.5"], stdout=subprocess.PIPE, text=True
     )
     try:
-        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        assert other.stdout is not None and other.stdout.readline() == "locked\n"
         calls = [lambda exe=exe: store.commit(exe, emit(exe, 1)) for exe in exes]
         outcomes = queued_then_released(store, calls)
     finally:
@@ -228,27 +223,9 @@ def test_writes_waiting_when_the_store_closes_fail_or_land_as_they_say(
     db = tmp_path / "group.db"
     store = DRIVERS[driver](db)
     exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(6)]
-    calls: list[Callable[[], Any]] = [
-        *(lambda exe=exe: store.commit(exe, emit(exe, 1)) for exe in exes),
-    ]
-    conn = local(store)
-    closer = threading.Thread(target=store.close)
-    outcomes: list[Any] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        try:
-            outcomes[i] = calls[i]()
-        except Exception as exc:
-            outcomes[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    with conn._lock:
-        for t in threads:
-            t.start()
-        wait_until(lambda: len(conn._queue) == len(calls), "every write waits")
-        closer.start()  # it waits for the connection too: a race with the writes
-    for t in [*threads, closer]:
-        t.join(timeout=30)
+    calls = [lambda exe=exe: store.commit(exe, emit(exe, 1)) for exe in exes]
+    # The store closes while they wait: it waits for the connection too, a race with them.
+    outcomes = queued_then_released(store, calls, meanwhile=store.close)
     with DRIVERS[driver](db) as again:
         for exe, outcome in zip(exes, outcomes, strict=True):
             stored = again.load(exe.id)

@@ -305,15 +305,18 @@ class LocalConnection:
 
     def _batch(self, batch: Batch) -> list[Any]:
         """One batch, one transaction."""
+        try:
+            return self._transaction(lambda: self._steps(batch))
+        except Conflicted as conflict:
+            raise self._found(batch, conflict) from None
+
+    def _transaction(self, write: Callable[[], R]) -> R:
+        """``write()`` between BEGIN IMMEDIATE and COMMIT; rolled back if anything fails."""
         self._execute(*_BEGIN)
         try:
-            try:
-                results = self._steps(batch)
-            except Conflicted as conflict:
-                self.db.rollback()
-                raise self._found(batch, conflict) from None
+            result = write()
             self._commit()
-            return results
+            return result
         except BaseException:
             with suppress(Exception):  # rolled back already, or the connection is gone
                 self.db.rollback()
@@ -327,58 +330,43 @@ class LocalConnection:
         time: paid only when a member fails. The file locked by another connection, or a
         failed COMMIT, is every member's failure (all of it rolled back; `_retried` tries
         the whole group again while the file is busy)."""
-        self._execute(*_BEGIN)
         try:
-            try:
-                outcomes: list[tuple[Any, BaseException | None]] = [
-                    (self._steps(member.batch), None) for member in group
-                ]
-            except (Conflicted, RowError):
-                self.db.rollback()
-                return self._saved(group)
-            except BaseException as exc:
-                if not is_driver_error(exc) or isinstance(self._error(exc), StoreBusy):
-                    raise
-                self.db.rollback()
-                return self._saved(group)
-            self._commit()
-            return outcomes
-        except BaseException:
-            with suppress(Exception):
-                self.db.rollback()
-            raise
+            return self._transaction(lambda: [(self._steps(m.batch), None) for m in group])
+        except (Conflicted, RowError):
+            return self._saved(group)
+        except BaseException as exc:
+            if not self._refused(exc):
+                raise
+            return self._saved(group)
 
     def _saved(self, group: list[_Member]) -> list[tuple[Any, BaseException | None]]:
         """`_group` with each batch in its own savepoint: one that fails is undone alone and
         fails alone, with its conflict read as the batches before it left the rows."""
-        self._execute(*_BEGIN)
+        return self._transaction(lambda: [self._member(m) for m in group])
+
+    def _member(self, member: _Member) -> tuple[Any, BaseException | None]:
+        """One batch of a group in its own savepoint: its results, or its failure undone."""
+        self._execute(*_SAVEPOINT)
         try:
-            outcomes: list[tuple[Any, BaseException | None]] = []
-            for member in group:
-                self._execute(*_SAVEPOINT)
-                try:
-                    outcomes.append((self._steps(member.batch), None))
-                except Conflicted as conflict:
-                    self._undo()
-                    outcomes.append((None, self._found(member.batch, conflict)))
-                    continue
-                except RowError as exc:
-                    self._undo()
-                    outcomes.append((None, StoreError(str(exc))))
-                    continue
-                except BaseException as exc:
-                    if not is_driver_error(exc) or isinstance(self._error(exc), StoreBusy):
-                        raise
-                    self._undo()
-                    outcomes.append((None, self._error(exc)))
-                    continue
-                self._execute(*_RELEASE)
-            self._commit()
-            return outcomes
-        except BaseException:
-            with suppress(Exception):
-                self.db.rollback()
-            raise
+            outcome: tuple[Any, BaseException | None] = (self._steps(member.batch), None)
+        except Conflicted as conflict:
+            self._undo()
+            return None, self._found(member.batch, conflict)
+        except RowError as exc:
+            self._undo()
+            return None, StoreError(str(exc))
+        except BaseException as exc:
+            if not self._refused(exc):
+                raise
+            self._undo()
+            return None, self._error(exc)
+        self._execute(*_RELEASE)
+        return outcome
+
+    def _refused(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the database refusing a statement (not the file busy, not an
+        interrupt): the failure of one batch, not of its group."""
+        return is_driver_error(exc) and not isinstance(self._error(exc), StoreBusy)
 
     def _undo(self) -> None:
         """Undo the member's savepoint (its writes) and leave it."""
