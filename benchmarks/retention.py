@@ -4,26 +4,22 @@
     python -m benchmarks.retention --quick    # 50k finished executions (well under a minute)
     python -m benchmarks.retention --smoke    # 10k, every section once: that it works
 
-The dataset, seeded with bulk SQL on a file migrated to head: N finished roots as a commit
-leaves them (10 trace steps, a dedupe marker, a timer) and N/10 running executions (10 steps,
-a timer, 5 markers) that must survive, all last updated about two days ago in an order
-unrelated to the ids (as random ids are). Each measurement runs on a copy through
-``LibsqlStore(path)`` (WAL, synchronous FULL); counts are checked with sqlite3 after. Measured:
+The dataset, seeded with bulk SQL: N finished roots as a commit leaves them and N/10 running
+executions that must survive, all last updated two days ago in an order unrelated to the ids
+(as with random ids). Each measurement runs on a copy of it through ``LibsqlStore(path)`` (WAL,
+synchronous FULL); counts are checked with sqlite3 after. Measured:
 
-- gc rate: ``purge_finished(before, limit=1000)`` until 0, executions/s (the whole drain's
-  wall time), then ``forget_processed(before)`` until 0, markers/s; the same at limit=250,
-  capped in time (8 s quick, 45 s full), and (information) at limit=1000 on a dataset whose
-  ids sort as their update times (the best case);
-- where the time goes: before the capped drains, 5 batches of purge_finished's statements on
-  stdlib sqlite3, WAL not checkpointed: WAL pages per purged execution, ms per batch of each
-  statement and of a checkpoint of those pages;
-- the longest write transaction of a gc batch: max and p99 of the calls (an upper bound) and
-  of ``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned, with each statement's share;
-- a concurrent writer (another process, a typical commit every ~2 ms): its p99 commit latency
-  during a gc pass at limit=1000 over without gc;
+- gc rate: ``purge_finished(before, limit=1000)`` until 0 (executions/s), then
+  ``forget_processed(before)`` (markers/s); the same at limit=250, capped in time, and at
+  limit=1000 on a dataset whose ids sort as their update times (the best case);
+- before those two, a raw profile of 5 batches on stdlib sqlite3: WAL pages per purged
+  execution, ms per batch of each statement and of a checkpoint of those pages;
+- a gc batch's longest and p99 call and write transaction (BEGIN IMMEDIATE to COMMIT);
+- a concurrent writer process (a typical commit every ~2 ms): its p99 commit latency during a
+  gc pass over without gc;
 - the file's size before gc, after gc (checkpointed) and after VACUUM;
 - WAL pages per typical commit before / after the marker time (migration 0007), on bare
-  sqlite3 as ``benchmarks.run`` counts them; an execution's first marker, as information.
+  sqlite3 as ``benchmarks.run`` counts them, and of an execution's first marker.
 
 Prints a table and writes JSON to ``benchmarks/results/retention-<timestamp>.json`` (not in a
 smoke run). Not a test: absolute times depend on the machine (the file sits in its page cache).
@@ -114,16 +110,11 @@ INSERT INTO harel_executions
     (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at,
      created_at, updated_at, markers_since)
 SELECT id, 'order',
-       CASE WHEN running THEN json_set(:running_json, '$.id', id)
-            ELSE json_set(:finished_json, '$.id', id, '$.finished_at', at) END,
-       12,
-       CASE WHEN running THEN 'running' ELSE 'finished' END,
-       CASE WHEN running THEN NULL ELSE 'done' END,
-       CASE WHEN running THEN 'main.wait' ELSE 'main.done' END,
-       NULL,
-       CASE WHEN running THEN NULL ELSE at END,
-       at - 600.0, at,
-       at - 300.0 - CASE WHEN running THEN :markers - 1 ELSE 0 END
+       iif(running, json_set(:running_json, '$.id', id),
+           json_set(:finished_json, '$.id', id, '$.finished_at', at)),
+       12, iif(running, 'running', 'finished'), iif(running, NULL, 'done'),
+       iif(running, 'main.wait', 'main.done'), NULL, iif(running, NULL, at),
+       at - 600.0, at, at - 300.0 - iif(running, :markers - 1, 0)
 FROM rows
 """
 # In primary-key order, as the b-trees like it.
@@ -358,16 +349,9 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     wal_mb = file_mb(Path(f"{db}-wal"))
     run_sql(db, "PRAGMA wal_checkpoint(TRUNCATE)")
     after = table_counts(db)
-    expected = {
-        "final": 0,
-        "running": running,
-        "trace": running * TRACE_STEPS,
-        "markers": 0,
-        "timers": running,
-        "seeded_markers_since": 0,
-        "orphans": 0,
-    }
-    assert {k: after[k] for k in expected} == expected, after
+    assert after["final"] == after["markers"] == after["seeded_markers_since"] == 0, after
+    assert after["running"] == after["timers"] == running and not after["orphans"], after
+    assert after["trace"] == running * TRACE_STEPS, after
     gc_mb = file_mb(db)
     took = run_sql(db, "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)")
     vacuum_mb = file_mb(db)
@@ -378,10 +362,11 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     report.add("file MB after VACUUM", vacuum_mb, unit="MB", vacuum_s=round(took, 2))
 
 
-def raw_batches(path: Path, batches: int, limit: int = 1000) -> dict[str, Any]:
-    """purge_finished's statements (queries.sql) on stdlib sqlite3, synchronous FULL, the WAL
-    never checkpointed meanwhile: the WAL pages a purged execution costs, each statement's ms
-    per batch, and then a checkpoint's of those pages (what an automatic one adds to a commit)."""
+def raw_profile(report: Report, path: Path, tag: str, limit: int = 1000) -> int:
+    """PROFILE_BATCHES batches of purge_finished's statements (queries.sql) on stdlib sqlite3,
+    FULL, the WAL not checkpointed meanwhile: WAL pages per purged execution, each statement's
+    ms per batch, then a checkpoint's of those pages (what an automatic one adds to a commit).
+    Executions removed."""
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         for pragma in ("journal_mode = WAL", "synchronous = FULL", "wal_autocheckpoint = 0"):
             conn.execute(f"PRAGMA {pragma}").fetchall()
@@ -393,14 +378,13 @@ def raw_batches(path: Path, batches: int, limit: int = 1000) -> dict[str, Any]:
 
         def timed(name: str, *params: Any) -> Any:
             t0 = time.perf_counter()
-            sql = QUERIES[name].sql if name in QUERIES else name
-            rows = conn.execute(
-                sql, QUERIES[name].bind(params) if name in QUERIES else ()
-            ).fetchall()
-            ms[name] += (time.perf_counter() - t0) * 1e3 / batches
+            query = QUERIES.get(name)
+            cur = conn.execute(query.sql, query.bind(params)) if query else conn.execute(name)
+            rows = cur.fetchall()
+            ms[name] += (time.perf_counter() - t0) * 1e3 / PROFILE_BATCHES
             return rows
 
-        for _ in range(batches):
+        for _ in range(PROFILE_BATCHES):
             trees = timed("finished_trees", before, limit)
             members = json.dumps([[row[1], row[2]] for row in trees])
             ids = json.dumps([row[1] for row in trees])
@@ -413,13 +397,12 @@ def raw_batches(path: Path, batches: int, limit: int = 1000) -> dict[str, Any]:
         frames = (Path(f"{path}-wal").stat().st_size - 32) // (page + 24)
         t0 = time.perf_counter()
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        ms["checkpoint"] = (time.perf_counter() - t0) * 1e3 / batches
-        return {
-            "removed": removed,
-            "pages_per_execution": frames / removed,
-            "ms_per_batch": round(sum(ms.values()), 2),
-            "statement_ms_per_batch": {k: round(v, 2) for k, v in ms.items()},
-        }
+        ms["checkpoint"] = (time.perf_counter() - t0) * 1e3 / PROFILE_BATCHES
+    statements = {k: round(v, 2) for k, v in ms.items()}
+    label, pages = f"raw batch{tag}: WAL pages per purged execution", frames / removed
+    report.add(label, pages, unit="pages", removed=removed, statement_ms_per_batch=statements)
+    report.add(f"raw batch{tag}: ms per 1000-batch", round(sum(ms.values()), 2), unit="ms")
+    return removed
 
 
 def bench_drain(
@@ -429,16 +412,13 @@ def bench_drain(
     through LibsqlStore, or until ``cap`` seconds have passed."""
     report.section(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)")
     db = synced(shutil.copyfile(seeded, tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"))
-    raw = raw_batches(db, PROFILE_BATCHES)
-    pages, ms = raw.pop("pages_per_execution"), raw.pop("ms_per_batch")
-    report.add(f"raw batch{tag}: WAL pages per purged execution", pages, unit="pages", **raw)
-    report.add(f"raw batch{tag}: ms per 1000-batch", ms, unit="ms")
+    profiled = raw_profile(report, db, tag)
     gc = Gc(db)
     deadline = time.monotonic() + cap
     purged = gc.drain(lambda: gc.store.purge_finished(gc.before, limit=limit), deadline)
     gc.store.close()
     add_drain(report, f"purge_finished limit={limit}{tag}", "executions", purged, target)
-    left = n - raw["removed"] - purged.removed
+    left = n - profiled - purged.removed
     assert not purged.finished or left == 0, left
     check_left(db, n, left)
     db.unlink()
@@ -458,8 +438,7 @@ def writer_main(database: Path, interval: float) -> None:
         exe = exes[i % POOL]
         event = Event(name="tick", payload={"n": i})
         timers = [TimerOp.schedule("main.wait", 1e9 + i)]
-        start = time.monotonic()
-        t0 = time.perf_counter()
+        start, t0 = time.monotonic(), time.perf_counter()
         try:
             store.commit(
                 exe, [(exe.id, event)], processed_event_id=f"{prefix}-{i}", timers=timers,
@@ -562,15 +541,9 @@ def bench_wal_markers(report: Report, tmp: Path) -> None:
             with contextlib.closing(sqlite3.connect(db)) as probe:
                 columns = {row[1] for row in probe.execute("PRAGMA table_info(harel_executions)")}
             assert ("markers_since" in columns) == (shape == "after"), (shape, columns)
-            report.add(
-                f"wal pages/commit {label} {shape}",
-                pages[shape],
-                unit="pages",
-                frames=frames,
-                by_pages=sizes,
-            )
-        more = pages["after"] - pages["before"]
-        target = "<= +0.2" if not first else ""
+            row = f"wal pages/commit {label}"
+            report.add(f"{row} {shape}", pages[shape], unit="pages", frames=frames, by_pages=sizes)
+        more, target = pages["after"] - pages["before"], "<= +0.2" if not first else ""
         report.add(f"wal pages/commit {label} after - before", more, target, unit="pages")
 
 
@@ -582,10 +555,8 @@ def main() -> None:
     if ns.writer:
         writer_main(Path(ns.writer[0]), float(ns.writer[1]))
         return
-    # Finished executions (in smoke, more than the raw profile's PROFILE_BATCHES batches of
-    # 1000 remove, so the limit=250 drain after it has some left); then seconds: the writer's
-    # baseline, and the most a capped drain runs (the limit=250 one, the writer's gc pass,
-    # the ids-in-update-order one); the limit=1000 drain is never capped.
+    # Finished executions (in smoke, more than the raw profile removes), the writer's baseline
+    # and the most a capped drain runs (seconds; the first limit=1000 drain is never capped).
     size, baseline, cap = {
         "full": (1_000_000, 15.0, 45.0),
         "quick": (50_000, 4.0, 8.0),
