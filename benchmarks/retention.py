@@ -43,22 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import run
 from benchmarks.harness import Child, Report, mode, module, parser, quantile
-from benchmarks.run import (
-    MARKS,
-    POOL,
-    STEP,
-    WAL_COMMITS,
-    Shape,
-    bare_connection,
-    executions,
-    floor_commits,
-    table_kinds,
-    wal_pages,
-)
 from harel_store import Event, Execution, LibsqlStore, SqliteStore, TimerOp
 from harel_store.errors import StoreBusy
-from harel_store.sql import QUERIES
+from harel_store.sql import QUERIES, SQL_DIR
 from harel_store.store import COMPANIONS
 
 TRACE_STEPS = 10  # trace rows of every seeded execution
@@ -428,21 +417,21 @@ def writer_main(database: Path, interval: float) -> None:
     """The concurrent writer: typical commits on POOL running executions of its own until
     stdin closes; then the (time.monotonic() start, latency) of each measured commit, JSON."""
     store = LibsqlStore(database)
-    exes = executions("writer")
+    exes = run.executions("writer")
     for exe in exes:
         store.save(exe)
     samples: list[tuple[float, float]] = []
     busy = i = 0
     prefix = f"w-{os.getpid()}-{time.time_ns()}"
     while True:
-        exe = exes[i % POOL]
+        exe = exes[i % run.POOL]
         event = Event(name="tick", payload={"n": i})
         timers = [TimerOp.schedule("main.wait", 1e9 + i)]
         start, t0 = time.monotonic(), time.perf_counter()
         try:
             store.commit(
                 exe, [(exe.id, event)], processed_event_id=f"{prefix}-{i}", timers=timers,
-                trace=STEP,
+                trace=run.STEP,
             )  # fmt: skip
         except StoreBusy:
             busy += 1
@@ -493,7 +482,7 @@ def bench_concurrent(
     add_drain(report, "purge_finished limit=1000 with writer", "executions", purged, rows=False)
     left = n - purged.removed
     after = check_left(db, n, left)
-    assert after["running"] == n // 10 + POOL and (left == 0) == purged.finished, after
+    assert after["running"] == n // 10 + run.POOL and (left == 0) == purged.finished, after
     db.unlink()
 
 
@@ -501,50 +490,40 @@ def bench_concurrent(
 
 # The previous head, 0006, as the migration chain builds it, then 0008 (it only adds the
 # trace's recorded_at, which the trace insert writes): the two shapes differ by 0007 alone.
-PREVIOUS_HEAD = tuple(
-    f"migrations/{name}.up.sql"
-    for name in (
-        "0001_initial",
-        "0002_hot_read_indexes",
-        "0003_without_rowid",
-        "0004_claims",
-        "0005_times",
-        "0006_dead_letters",
-        "0008_trace_times",
-    )
+PREVIOUS_HEAD = tuple(  # 0001..0006 and 0008
+    f"migrations/{p.name}" for p in sorted((SQL_DIR / "migrations").glob("000[1-68]_*.up.sql"))
 )
 OLD_MARK = "INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?)"
-MARKER_SHAPES: dict[str, Shape] = {
+MARKER_SHAPES: dict[str, run.Shape] = {
     "before": (PREVIOUS_HEAD, "update_execution_data", ((OLD_MARK, lambda params: params),)),
-    "after": (("schema.sql",), "update_execution_data", MARKS),
+    "after": (("schema.sql",), "update_execution_data", run.MARKS),
 }
 
 
 def bench_wal_markers(report: Report, tmp: Path) -> None:
     """WAL frames appended per commit, bare sqlite3 NORMAL: before, 0001..0006 + 0008 and the
     old marker insert; after, schema.sql with mark_processed + note_marker."""
-    report.section(f"WAL pages per typical commit ({WAL_COMMITS} commits), before / after 0007")
+    report.section(f"WAL pages per typical commit ({run.WAL_COMMITS} commits), before / after 0007")
     for first, label in ((False, "typical"), (True, "first marker")):
-        pages: dict[str, float] = {}
+        line, pages = f"wal pages/commit {label}", {}
         for shape in MARKER_SHAPES:
             db = tmp / f"wal-{shape}{'-first' if first else ''}.db"
-            conn = bare_connection("sqlite", str(db), "NORMAL")
+            conn = run.bare_connection("sqlite", str(db), "NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint = 0")
-            run = floor_commits(conn, WAL_COMMITS, True, MARKER_SHAPES[shape])
+            commits = run.floor_commits(conn, run.WAL_COMMITS, True, MARKER_SHAPES[shape])
             # Warm-up: each execution measured next has its timer and trace, and (unless its
             # first marker is measured) its markers and markers_since.
-            run(not first)
-            pages[shape], frames, sizes = wal_pages(db, run)
+            commits(not first)
+            pages[shape], frames, sizes = run.wal_pages(db, commits)
             conn.close()
-            kinds = table_kinds(db)
+            kinds = run.table_kinds(db)
             assert kinds["harel_processed_events"], (shape, kinds)  # WITHOUT ROWID in both
             with contextlib.closing(sqlite3.connect(db)) as probe:
                 columns = {row[1] for row in probe.execute("PRAGMA table_info(harel_executions)")}
             assert ("markers_since" in columns) == (shape == "after"), (shape, columns)
-            row = f"wal pages/commit {label}"
-            report.add(f"{row} {shape}", pages[shape], unit="pages", frames=frames, by_pages=sizes)
+            report.add(f"{line} {shape}", pages[shape], unit="pages", frames=frames, by_pages=sizes)
         more, target = pages["after"] - pages["before"], "<= +0.2" if not first else ""
-        report.add(f"wal pages/commit {label} after - before", more, target, unit="pages")
+        report.add(f"{line} after - before", more, target, unit="pages")
 
 
 def main() -> None:
