@@ -129,6 +129,7 @@ SEED_TIMERS = """
 INSERT INTO harel_timers (execution_id, path, fire_at)
 SELECT id, 'main.wait', updated_at + 3600.0 FROM harel_executions ORDER BY id
 """
+SEED_REST = (SEED_TRACE, SEED_MARKERS, SEED_TIMERS)
 
 
 def representative(status: str) -> str:
@@ -146,9 +147,8 @@ def representative(status: str) -> str:
     ).model_dump_json()
 
 
-def seed(path: Path, n: int, order: str) -> None:
-    """``n`` finished roots and ``n // 10`` running executions, last updated in ``order``
-    (a key of ORDERS), counted and told."""
+def seed(path: Path, n: int, order: str) -> Path:
+    """``n`` finished roots and ``n // 10`` running executions, updated in ORDERS[order]."""
     t0 = time.perf_counter()
     SqliteStore(path).close()  # the schema at head, made by the store
     total = n + n // 10
@@ -156,20 +156,18 @@ def seed(path: Path, n: int, order: str) -> None:
         conn.execute("PRAGMA journal_mode = DELETE").fetchall()  # a rollback journal of ~nothing
         conn.execute("PRAGMA synchronous = OFF")
         conn.execute("PRAGMA cache_size = -1000000")  # 1 GB: the random index inserts in RAM
+        params = {
+            "total": total,
+            "age": AGE,
+            "markers": RUNNING_MARKERS,
+            "rows": total * TRACE_STEPS,
+            "steps": TRACE_STEPS,
+            "running_json": representative("running"),
+            "finished_json": representative("finished"),
+        }
         conn.execute("BEGIN")
-        conn.execute(
-            SEED_EXECUTIONS.format(clock=CLOCK, order=ORDERS[order]),
-            {
-                "total": total,
-                "age": AGE,
-                "markers": RUNNING_MARKERS,
-                "running_json": representative("running"),
-                "finished_json": representative("finished"),
-            },
-        )
-        conn.execute(SEED_TRACE, {"rows": total * TRACE_STEPS, "steps": TRACE_STEPS})
-        conn.execute(SEED_MARKERS, {"markers": RUNNING_MARKERS})
-        conn.execute(SEED_TIMERS)
+        for sql in (SEED_EXECUTIONS.format(clock=CLOCK, order=ORDERS[order]), *SEED_REST):
+            conn.execute(sql, params)
         conn.execute("COMMIT")
         conn.execute("PRAGMA journal_mode = WAL").fetchall()
     synced(path)  # written with synchronous OFF: out before any measurement
@@ -183,6 +181,7 @@ def seed(path: Path, n: int, order: str) -> None:
     assert counts["final"] == n and counts["running"] == n // 10, counts
     assert counts["trace"] == total * TRACE_STEPS and counts["timers"] == total, counts
     assert counts["markers"] == n + n // 10 * RUNNING_MARKERS and not counts["orphans"], counts
+    return path
 
 
 COUNTS = {  # what table_counts counts: FROM ...
@@ -235,9 +234,8 @@ class Drain:
 
 
 class Gc:
-    """``LibsqlStore(path)``, its local connection's methods wrapped on the instance: the time
-    of each statement by its name in queries.sql (execute and fetch), and of each write
-    transaction from BEGIN IMMEDIATE returned (the lock held) to COMMIT returned (WAL synced)."""
+    """``LibsqlStore(path)`` timing each statement (queries.sql name) and write transaction
+    (BEGIN IMMEDIATE returned to COMMIT returned), its connection's methods wrapped."""
 
     def __init__(self, path: Path) -> None:
         self.store = LibsqlStore(path)
@@ -352,10 +350,8 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
 
 
 def raw_profile(report: Report, path: Path, tag: str, limit: int = 1000) -> int:
-    """PROFILE_BATCHES batches of purge_finished's statements (queries.sql) on stdlib sqlite3,
-    FULL, the WAL not checkpointed meanwhile: WAL pages per purged execution, each statement's
-    ms per batch, then a checkpoint's of those pages (what an automatic one adds to a commit).
-    Executions removed."""
+    """PROFILE_BATCHES batches of purge_finished's statements on stdlib sqlite3, the WAL not
+    checkpointed meanwhile, then a checkpoint of it (as an automatic one); executions removed."""
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         for pragma in ("journal_mode = WAL", "synchronous = FULL", "wal_autocheckpoint = 0"):
             conn.execute(f"PRAGMA {pragma}").fetchall()
@@ -397,8 +393,7 @@ def raw_profile(report: Report, path: Path, tag: str, limit: int = 1000) -> int:
 def bench_drain(
     report: Report, tmp: Path, seeded: Path, n: int, limit: int, cap: float, tag: str, target: str
 ) -> None:
-    """A raw profile of a few batches (stdlib sqlite3), then purge_finished(limit) until 0
-    through LibsqlStore, or until ``cap`` seconds have passed."""
+    """A raw profile, then purge_finished(limit) until 0 or ``cap`` seconds have passed."""
     report.section(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)")
     db = synced(shutil.copyfile(seeded, tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"))
     profiled = raw_profile(report, db, tag)
@@ -414,8 +409,8 @@ def bench_drain(
 
 
 def writer_main(database: Path, interval: float) -> None:
-    """The concurrent writer: typical commits on POOL running executions of its own until
-    stdin closes; then the (time.monotonic() start, latency) of each measured commit, JSON."""
+    """The concurrent writer: typical commits until stdin closes, then each measured one's
+    (time.monotonic() start, latency) as JSON."""
     store = LibsqlStore(database)
     exes = run.executions("writer")
     for exe in exes:
@@ -555,9 +550,7 @@ def main() -> None:
     ):
         tmp = Path(name)
         bench_wal_markers(report, tmp)
-        seeded = {order: tmp / f"seeded-{order}.db" for order in ORDERS}
-        for order, path in seeded.items():
-            seed(path, n, order)
+        seeded = {order: seed(tmp / f"seeded-{order}.db", n, order) for order in ORDERS}
         bench_gc(report, tmp, seeded["scattered"], n)
         bench_drain(report, tmp, seeded["scattered"], n, 250, cap, "", ">= 5000")
         bench_concurrent(report, tmp, seeded["scattered"], n, baseline, min(cap, 30.0))
