@@ -4,31 +4,22 @@
     python -m benchmarks.retention --quick    # 50k finished executions (well under a minute)
     python -m benchmarks.retention --smoke    # 10k, every section once: that it works
 
-The dataset, seeded with bulk SQL on a file the store migrated to head: N finished roots,
-each as a commit leaves it (every column, its JSON, a 10-step trace, one dedupe marker, one
-timer), and N/10 running executions (10 trace steps, a timer, 5 markers) that must survive;
-every row last updated about two days ago, in an order unrelated to the ids (as with random
-ids: a batch deletes on leaves all over every b-tree it writes). Each measurement runs on a
-copy of it through ``LibsqlStore(path)`` (WAL, synchronous FULL); counts are checked with
-sqlite3 once every libsql connection is closed. Measured:
+The dataset, seeded with bulk SQL: N finished roots as a commit leaves them and N/10 running
+executions that must survive, all last updated two days ago in an order unrelated to the ids
+(as with random ids). Each measurement runs on a copy of it through ``LibsqlStore(path)`` (WAL,
+synchronous FULL); counts are checked with sqlite3 after. Measured:
 
-- gc rate: ``purge_finished(before, limit=1000)`` until 0, executions/s (the whole drain's
-  wall time), then ``forget_processed(before)`` until 0, markers/s; the same at limit=250,
-  capped in time (8 s quick, 45 s full), and (information) at limit=1000 on a dataset whose
-  ids sort as their update times (the best case);
-- where the time goes: before the capped drains, 5 batches of purge_finished's statements
-  on stdlib sqlite3, WAL never checkpointed: WAL pages per purged execution, ms per batch of
-  each statement and of a checkpoint of those pages;
-- the longest write transaction of a gc batch: the max and p99 of the calls (an upper bound)
-  and of ``BEGIN IMMEDIATE`` returned to ``COMMIT`` returned, timed by wrapping the store's
-  connection methods on the instance, with each statement's share;
-- a concurrent writer: another process (``--writer``) making a typical commit every ~2 ms on
-  its own executions: its p99 commit latency during a gc pass at limit=1000 over without gc;
+- gc rate: ``purge_finished(before, limit=1000)`` until 0 (executions/s), then
+  ``forget_processed(before)`` (markers/s); the same at limit=250, capped in time, and at
+  limit=1000 on a dataset whose ids sort as their update times (the best case);
+- before those two, a raw profile of 5 batches on stdlib sqlite3: WAL pages per purged
+  execution, ms per batch of each statement and of a checkpoint of those pages;
+- a gc batch's longest and p99 call and write transaction (BEGIN IMMEDIATE to COMMIT);
+- a concurrent writer process (a typical commit every ~2 ms): its p99 commit latency during a
+  gc pass over without gc;
 - the file's size before gc, after gc (checkpointed) and after VACUUM;
 - WAL pages per typical commit before / after the marker time (migration 0007), on bare
-  sqlite3 as ``benchmarks.run`` counts them: 0001..0006 + 0008 with the old marker insert,
-  against ``schema.sql`` with ``mark_processed`` + ``note_marker``; an execution's first
-  marker (``markers_since`` set) on its own, as information.
+  sqlite3 as ``benchmarks.run`` counts them, and of an execution's first marker.
 
 Prints a table and writes JSON to ``benchmarks/results/retention-<timestamp>.json`` (not in a
 smoke run). Not a test: absolute times depend on the machine (the file sits in its page cache).
@@ -40,35 +31,24 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import shutil
 import sqlite3
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import run
 from benchmarks.harness import Child, Report, mode, module, parser, quantile
-from benchmarks.run import (
-    MARKS,
-    POOL,
-    STEP,
-    WAL_COMMITS,
-    Shape,
-    bare_connection,
-    executions,
-    floor_commits,
-    table_kinds,
-    wal_pages,
-)
 from harel_store import Event, Execution, LibsqlStore, SqliteStore, TimerOp
 from harel_store.errors import StoreBusy
-from harel_store.sql import QUERIES
-from harel_store.store import COMPANIONS, Store
+from harel_store.sql import QUERIES, SQL_DIR
+from harel_store.store import COMPANIONS
 
 TRACE_STEPS = 10  # trace rows of every seeded execution
 RUNNING_MARKERS = 5  # old markers of every seeded running execution
@@ -76,10 +56,27 @@ AGE = 2 * 86400.0  # the seeded rows were last updated about this long ago
 HORIZON = 3600.0  # gc removes what is older than an hour
 WRITER_INTERVAL = 0.002  # the concurrent writer's pause between commits, seconds
 WRITER_WARMUP = 300  # its commits before it measures (each execution has its marker)
+PROFILE_BATCHES = 5  # batches of the raw profile (limit 1000)
 
 
 def file_mb(path: Path) -> float:
     return path.stat().st_size / 1e6 if path.exists() else 0.0
+
+
+def synced(path: Path) -> Path:
+    """``path``, its pages written out: a measurement's first fsync must not write them."""
+    with path.open("rb+") as f:
+        os.fsync(f.fileno())
+    return path
+
+
+def run_sql(path: Path, *statements: str) -> float:
+    """The statements on stdlib sqlite3 (no libsql connection open on ``path``); seconds."""
+    t0 = time.perf_counter()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        for sql in statements:
+            conn.execute(sql).fetchall()
+    return time.perf_counter() - t0
 
 
 # --- the dataset, seeded with bulk SQL ---
@@ -87,9 +84,11 @@ def file_mb(path: Path) -> float:
 CLOCK = "(julianday('now') - 2440587.5) * 86400.0"
 
 # total = N finished + N/10 running; n % 11 == 10 is running. Update times spread over
-# [old, old + total * 0.01 s), {order} (SCATTERED or ORDERED) placing each id in it.
-SCATTERED = "((n * 7919) % :total)"  # unrelated to the ids, as random ids (7919 is prime)
-ORDERED = "n"  # ids in update order, as ids made from the time (the best case)
+# [old, old + total * 0.01 s), the order placing each id in it.
+ORDERS = {
+    "scattered": "((n * 7919) % :total)",  # unrelated to the ids, as random ids (7919: prime)
+    "ordered": "n",  # ids in update order, as ids made from the time (the best case)
+}
 SEED_EXECUTIONS = """
 WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < :total),
 rows AS (
@@ -100,16 +99,11 @@ INSERT INTO harel_executions
     (id, definition_id, data, version, status, outcome, active_path, parent_id, finished_at,
      created_at, updated_at, markers_since)
 SELECT id, 'order',
-       CASE WHEN running THEN json_set(:running_json, '$.id', id)
-            ELSE json_set(:finished_json, '$.id', id, '$.finished_at', at) END,
-       12,
-       CASE WHEN running THEN 'running' ELSE 'finished' END,
-       CASE WHEN running THEN NULL ELSE 'done' END,
-       CASE WHEN running THEN 'main.wait' ELSE 'main.done' END,
-       NULL,
-       CASE WHEN running THEN NULL ELSE at END,
-       at - 600.0, at,
-       at - 300.0 - CASE WHEN running THEN :markers - 1 ELSE 0 END
+       iif(running, json_set(:running_json, '$.id', id),
+           json_set(:finished_json, '$.id', id, '$.finished_at', at)),
+       12, iif(running, 'running', 'finished'), iif(running, NULL, 'done'),
+       iif(running, 'main.wait', 'main.done'), NULL, iif(running, NULL, at),
+       at - 600.0, at, at - 300.0 - iif(running, :markers - 1, 0)
 FROM rows
 """
 # In primary-key order, as the b-trees like it.
@@ -135,6 +129,7 @@ SEED_TIMERS = """
 INSERT INTO harel_timers (execution_id, path, fire_at)
 SELECT id, 'main.wait', updated_at + 3600.0 FROM harel_executions ORDER BY id
 """
+SEED_REST = (SEED_TRACE, SEED_MARKERS, SEED_TIMERS)
 
 
 def representative(status: str) -> str:
@@ -152,44 +147,41 @@ def representative(status: str) -> str:
     ).model_dump_json()
 
 
-def seed(path: Path, finished: int, order: str = SCATTERED) -> float:
-    """``finished`` finished roots and ``finished // 10`` running executions, last updated in
-    ``order`` (SCATTERED or ORDERED); seconds taken."""
+def seed(path: Path, n: int, order: str) -> Path:
+    """``n`` finished roots and ``n // 10`` running executions, updated in ORDERS[order]."""
     t0 = time.perf_counter()
     SqliteStore(path).close()  # the schema at head, made by the store
-    total = finished + finished // 10
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = DELETE").fetchall()  # a rollback journal of ~nothing
-    conn.execute("PRAGMA synchronous = OFF")
-    conn.execute("PRAGMA cache_size = -1000000")  # 1 GB: the random index inserts stay in RAM
-    conn.execute("BEGIN")
-    conn.execute(
-        SEED_EXECUTIONS.format(clock=CLOCK, order=order),
-        {
+    total = n + n // 10
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE").fetchall()  # a rollback journal of ~nothing
+        conn.execute("PRAGMA synchronous = OFF")
+        conn.execute("PRAGMA cache_size = -1000000")  # 1 GB: the random index inserts in RAM
+        params = {
             "total": total,
             "age": AGE,
             "markers": RUNNING_MARKERS,
+            "rows": total * TRACE_STEPS,
+            "steps": TRACE_STEPS,
             "running_json": representative("running"),
             "finished_json": representative("finished"),
-        },
+        }
+        conn.execute("BEGIN")
+        for sql in (SEED_EXECUTIONS.format(clock=CLOCK, order=ORDERS[order]), *SEED_REST):
+            conn.execute(sql, params)
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA journal_mode = WAL").fetchall()
+    synced(path)  # written with synchronous OFF: out before any measurement
+    took = time.perf_counter() - t0
+    counts = table_counts(path)
+    print(
+        f"seeded {n:,} finished + {n // 10:,} running executions, {order},"
+        f" in {took:.1f}s: {file_mb(path):.0f} MB, {counts}",
+        flush=True,
     )
-    conn.execute(SEED_TRACE, {"rows": total * TRACE_STEPS, "steps": TRACE_STEPS})
-    conn.execute(SEED_MARKERS, {"markers": RUNNING_MARKERS})
-    conn.execute(SEED_TIMERS)
-    conn.execute("COMMIT")
-    conn.execute("PRAGMA journal_mode = WAL").fetchall()
-    conn.close()
-    with path.open("rb+") as f:  # written with synchronous OFF: out before any measurement
-        os.fsync(f.fileno())
-    return time.perf_counter() - t0
-
-
-def copy(source: Path, target: Path) -> None:
-    """A copy of a checkpointed file, synced: the measurement's first fsync must not write
-    out gigabytes of the copy's dirty pages."""
-    shutil.copyfile(source, target)
-    with target.open("rb+") as f:
-        os.fsync(f.fileno())
+    assert counts["final"] == n and counts["running"] == n // 10, counts
+    assert counts["trace"] == total * TRACE_STEPS and counts["timers"] == total, counts
+    assert counts["markers"] == n + n // 10 * RUNNING_MARKERS and not counts["orphans"], counts
+    return path
 
 
 COUNTS = {  # what table_counts counts: FROM ...
@@ -219,79 +211,16 @@ def table_counts(path: Path) -> dict[str, int]:
         return counts | {"orphans": conn.execute(f"SELECT {ORPHANS}").fetchone()[0]}
 
 
-def checkpoint(path: Path) -> float:
-    """Fold the WAL into the file and truncate it (stdlib sqlite3); the WAL's MB before."""
-    wal = file_mb(Path(f"{path}-wal"))
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    finally:
-        conn.close()
-    return wal
+def check_left(db: Path, n: int, left: int) -> dict[str, int]:
+    """The file's counts once a drain left ``left`` finished roots (and took nothing else)."""
+    after, running = table_counts(db), n // 10
+    assert after["final"] == left and after["seeded_running"] == running, after
+    assert after["seeded_markers"] == running * RUNNING_MARKERS + left, after
+    assert after["seeded_trace"] == (running + left) * TRACE_STEPS and not after["orphans"], after
+    return after
 
 
-def vacuum(path: Path) -> float:
-    """VACUUM (stdlib sqlite3, no other connection open); seconds taken."""
-    t0 = time.perf_counter()
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("VACUUM")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    finally:
-        conn.close()
-    return time.perf_counter() - t0
-
-
-# --- timing the store's statements and write transactions ---
-
-
-class Timed:
-    """The store's local connection with its statement methods wrapped (on the instance):
-    the time of each statement by its name in queries.sql (execute and fetch), and of each
-    write transaction from BEGIN IMMEDIATE returned (the write lock held) to COMMIT returned
-    (the WAL synced)."""
-
-    def __init__(self, store: Store) -> None:
-        conn: Any = store._conn
-        self.by_name: defaultdict[str, float] = defaultdict(float)
-        self.transactions: list[float] = []
-        self._begun = 0.0
-        execute, result, commit = conn._execute, conn._result, conn._commit
-
-        def timed_execute(query: Any, params: Any) -> Any:
-            t0 = time.perf_counter()
-            cur = execute(query, params)
-            t1 = time.perf_counter()
-            self.by_name[query.name] += t1 - t0
-            if query.name == "begin":
-                self._begun = t1
-            return cur
-
-        def timed_result(query: Any, cur: Any) -> Any:
-            t0 = time.perf_counter()
-            out = result(query, cur)
-            self.by_name[query.name] += time.perf_counter() - t0
-            return out
-
-        def timed_commit() -> None:
-            t0 = time.perf_counter()
-            commit()
-            t1 = time.perf_counter()
-            self.by_name["commit"] += t1 - t0
-            self.transactions.append(t1 - self._begun)
-
-        conn._execute, conn._result, conn._commit = timed_execute, timed_result, timed_commit
-
-    def reset(self) -> None:
-        self.by_name.clear()
-        self.transactions.clear()
-
-    def shares(self, total: float) -> dict[str, float]:
-        """Each statement's share of ``total`` seconds, largest first."""
-        return {
-            name: round(seconds / total, 4)
-            for name, seconds in sorted(self.by_name.items(), key=lambda kv: -kv[1])
-        }
+# --- the store's gc, its statements and write transactions timed ---
 
 
 @dataclass
@@ -300,36 +229,60 @@ class Drain:
     seconds: float
     calls: list[float]
     transactions: list[float]
-    shares: dict[str, float]
+    shares: dict[str, float]  # each statement's share of the seconds, largest first
     finished: bool  # called until it returned 0 (not stopped by a deadline)
 
-    @property
-    def rate(self) -> float:
-        return self.removed / self.seconds
 
+class Gc:
+    """``LibsqlStore(path)`` timing each statement (queries.sql name) and write transaction
+    (BEGIN IMMEDIATE returned to COMMIT returned), its connection's methods wrapped."""
 
-def drain(timed: Timed, call: Callable[[], int], deadline: float | None = None) -> Drain:
-    """Call until it removes nothing (or the deadline, time.monotonic(), passes)."""
-    timed.reset()
-    calls: list[float] = []
-    removed = 0
-    done = False
-    t0 = time.perf_counter()
-    while True:
-        c0 = time.perf_counter()
-        k = call()
-        calls.append(time.perf_counter() - c0)
-        removed += k
-        if not k:
-            done = True
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        if len(calls) % 200 == 0:
-            rate = removed / (time.perf_counter() - t0)
-            print(f"    ... {removed:,} removed ({rate:,.0f}/s)", flush=True)
-    seconds = time.perf_counter() - t0
-    return Drain(removed, seconds, calls, list(timed.transactions), timed.shares(seconds), done)
+    def __init__(self, path: Path) -> None:
+        self.store = LibsqlStore(path)
+        self.by_name: defaultdict[str, float] = defaultdict(float)
+        self.transactions: list[float] = []
+        self._begun = 0.0
+        conn: Any = self.store._conn
+        conn._execute = self._timed(conn._execute, lambda query, params: query.name)
+        conn._result = self._timed(conn._result, lambda query, cur: query.name)
+        conn._commit = self._timed(conn._commit, lambda: "commit")
+        self.before = self.store.clock() - HORIZON
+
+    def _timed(self, method: Callable[..., Any], name: Callable[..., str]) -> Callable[..., Any]:
+        def timed(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            out = method(*args)
+            t1 = time.perf_counter()
+            self.by_name[key := name(*args)] += t1 - t0
+            if key == "begin":
+                self._begun = t1
+            elif key == "commit":
+                self.transactions.append(t1 - self._begun)
+            return out
+
+        return timed
+
+    def drain(self, call: Callable[[], int], deadline: float | None = None) -> Drain:
+        """Call until it removes nothing (or the deadline, time.monotonic(), passes)."""
+        self.by_name.clear()
+        self.transactions.clear()
+        calls: list[float] = []
+        removed = 0
+        t0 = time.perf_counter()
+        while True:
+            c0 = time.perf_counter()
+            k = call()
+            calls.append(time.perf_counter() - c0)
+            removed += k
+            if not k or (deadline is not None and time.monotonic() >= deadline):
+                break
+            if len(calls) % 200 == 0:
+                rate = removed / (time.perf_counter() - t0)
+                print(f"    ... {removed:,} removed ({rate:,.0f}/s)", flush=True)
+        seconds = time.perf_counter() - t0
+        by_time = sorted(self.by_name.items(), key=lambda kv: -kv[1])
+        shares = {name: round(spent / seconds, 4) for name, spent in by_time}
+        return Drain(removed, seconds, calls, list(self.transactions), shares, not k)
 
 
 def add_drain(
@@ -338,7 +291,7 @@ def add_drain(
     """The drain's rate; with ``rows``, its longest and p99 calls and write transactions."""
     report.add(
         f"{tag} {what}/s",  # removed per second, calls until 0 (wall time)
-        d.rate,
+        d.removed / d.seconds,
         rate_target,
         unit=f"{what[:4]}/s",
         removed=d.removed,
@@ -359,101 +312,35 @@ def add_drain(
         report.add(f"{tag} p99 {name} ms", p99, unit="ms")
 
 
-# --- the concurrent writer (another process) ---
-
-
-def writer_main(database: Path, interval: float) -> None:
-    """Typical commits on POOL running executions of its own until stdin closes; then the
-    (start on time.monotonic(), latency) of each measured commit as JSON on stdout."""
-    store = LibsqlStore(database)
-    exes = executions("writer")
-    for exe in exes:
-        store.save(exe)
-    stop = threading.Event()
-
-    def watch() -> None:
-        sys.stdin.read()
-        stop.set()
-
-    threading.Thread(target=watch, daemon=True).start()
-    samples: list[tuple[float, float]] = []
-    busy = 0
-    prefix = f"w-{os.getpid()}-{time.time_ns()}"
-    i = 0
-    while not stop.is_set():
-        exe = exes[i % POOL]
-        event = Event(name="tick", payload={"n": i})
-        timers = [TimerOp.schedule("main.wait", 1e9 + i)]
-        start = time.monotonic()
-        t0 = time.perf_counter()
-        try:
-            store.commit(
-                exe, [(exe.id, event)], processed_event_id=f"{prefix}-{i}", timers=timers,
-                trace=STEP,
-            )  # fmt: skip
-        except StoreBusy:
-            busy += 1
-        latency = time.perf_counter() - t0
-        i += 1
-        if i == WRITER_WARMUP:
-            print("ready", flush=True)
-        elif i > WRITER_WARMUP:
-            samples.append((start, latency))
-        time.sleep(interval)
-    store.close()
-    print(json.dumps({"samples": samples, "busy": busy}), flush=True)
-
-
-@contextlib.contextmanager
-def writer(database: Path) -> Iterator[Callable[[], dict[str, Any]]]:
-    """A writer process on ``database``, measuring once it yields; call what it yields to
-    stop it and get its samples."""
-    proc = Child(module("retention", "--writer", str(database), str(WRITER_INTERVAL)))
-    try:
-        assert proc.line() == "ready"
-        yield lambda: dict(json.loads(proc.close()))
-    finally:
-        proc.close(0)  # only on failure is it still running
-
-
 # --- the sections ---
 
 
 def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     running = n // 10
     report.section(f"gc, limit=1000: {n:,} finished roots, {running:,} running")
-    db = tmp / "gc-1000.db"
-    copy(seeded, db)
+    db = synced(shutil.copyfile(seeded, tmp / "gc-1000.db"))
     before_mb = file_mb(db)
-    store = LibsqlStore(db)
-    timed = Timed(store)
-    before = store.clock() - HORIZON
+    gc = Gc(db)
     t0 = time.perf_counter()
-    counts = store.retention_counts(finished_before=before, markers_before=before)
+    counts = gc.store.retention_counts(finished_before=gc.before, markers_before=gc.before)
     dry = time.perf_counter() - t0
     assert counts == (n, n + running * RUNNING_MARKERS, 0), counts
-    purged = drain(timed, lambda: store.purge_finished(before, limit=1000))
-    forgot = drain(timed, lambda: store.forget_processed(before))
-    store.close()
+    purged = gc.drain(lambda: gc.store.purge_finished(gc.before, limit=1000))
+    forgot = gc.drain(lambda: gc.store.forget_processed(gc.before))
+    gc.store.close()
     add_drain(report, "purge_finished limit=1000", "executions", purged, ">= 5000")
     add_drain(report, "forget_processed limit=10000", "markers", forgot)
     report.add("retention_counts (dry run) s", dry, unit="s")  # over the seeded file
     assert purged.finished and purged.removed == n, purged.removed
     assert forgot.finished and forgot.removed == running * RUNNING_MARKERS, forgot.removed
-    wal_mb = checkpoint(db)
+    wal_mb = file_mb(Path(f"{db}-wal"))
+    run_sql(db, "PRAGMA wal_checkpoint(TRUNCATE)")
     after = table_counts(db)
-    expected = {
-        "final": 0,
-        "running": running,
-        "trace": running * TRACE_STEPS,
-        "markers": 0,
-        "timers": running,
-        "seeded_markers_since": 0,
-        "orphans": 0,
-    }
-    assert {k: after[k] for k in expected} == expected, after
+    assert after["final"] == after["markers"] == after["seeded_markers_since"] == 0, after
+    assert after["running"] == after["timers"] == running and not after["orphans"], after
+    assert after["trace"] == running * TRACE_STEPS, after
     gc_mb = file_mb(db)
-    took = vacuum(db)
+    took = run_sql(db, "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)")
     vacuum_mb = file_mb(db)
     assert table_counts(db) == after
     db.unlink()
@@ -462,37 +349,27 @@ def bench_gc(report: Report, tmp: Path, seeded: Path, n: int) -> None:
     report.add("file MB after VACUUM", vacuum_mb, unit="MB", vacuum_s=round(took, 2))
 
 
-PROFILE_BATCHES = 5  # batches of the raw profile (limit 1000)
-
-
-def raw_batches(path: Path, batches: int, limit: int = 1000) -> dict[str, Any]:
-    """purge_finished's statements (queries.sql) on stdlib sqlite3, synchronous FULL, with
-    the WAL never checkpointed meanwhile: the WAL pages each purged execution costs, each
-    statement's time per batch, and what a checkpoint of those pages then takes per batch
-    (the cost an automatic checkpoint adds to some commit). Call it with no libsql
-    connection open on ``path``."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL").fetchall()
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
+def raw_profile(report: Report, path: Path, tag: str, limit: int = 1000) -> int:
+    """PROFILE_BATCHES batches of purge_finished's statements on stdlib sqlite3, the WAL not
+    checkpointed meanwhile, then a checkpoint of it (as an automatic one); executions removed."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        for pragma in ("journal_mode = WAL", "synchronous = FULL", "wal_autocheckpoint = 0"):
+            conn.execute(f"PRAGMA {pragma}").fetchall()
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         (page,) = conn.execute("PRAGMA page_size").fetchone()
         (before,) = conn.execute(f"SELECT {CLOCK} - {HORIZON}").fetchone()
-        wal = Path(f"{path}-wal")
         ms: defaultdict[str, float] = defaultdict(float)
         removed = 0
 
         def timed(name: str, *params: Any) -> Any:
             t0 = time.perf_counter()
-            sql = QUERIES[name].sql if name in QUERIES else name
-            rows = conn.execute(
-                sql, QUERIES[name].bind(params) if name in QUERIES else ()
-            ).fetchall()
-            ms[name] += (time.perf_counter() - t0) * 1e3 / batches
+            query = QUERIES.get(name)
+            cur = conn.execute(query.sql, query.bind(params)) if query else conn.execute(name)
+            rows = cur.fetchall()
+            ms[name] += (time.perf_counter() - t0) * 1e3 / PROFILE_BATCHES
             return rows
 
-        for _ in range(batches):
+        for _ in range(PROFILE_BATCHES):
             trees = timed("finished_trees", before, limit)
             members = json.dumps([[row[1], row[2]] for row in trees])
             ids = json.dumps([row[1] for row in trees])
@@ -502,54 +379,67 @@ def raw_batches(path: Path, batches: int, limit: int = 1000) -> dict[str, Any]:
                 timed(f"purge_{name}", ids)
             timed("COMMIT")
             removed += len(trees)
-        frames = (wal.stat().st_size - 32) // (page + 24)
+        frames = (Path(f"{path}-wal").stat().st_size - 32) // (page + 24)
         t0 = time.perf_counter()
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        ms["checkpoint"] = (time.perf_counter() - t0) * 1e3 / batches
-        return {
-            "removed": removed,
-            "pages_per_execution": frames / removed,
-            "ms_per_batch": round(sum(ms.values()), 2),
-            "statement_ms_per_batch": {k: round(v, 2) for k, v in ms.items()},
-        }
-    finally:
-        conn.close()
+        ms["checkpoint"] = (time.perf_counter() - t0) * 1e3 / PROFILE_BATCHES
+    statements = {k: round(v, 2) for k, v in ms.items()}
+    label, pages = f"raw batch{tag}: WAL pages per purged execution", frames / removed
+    report.add(label, pages, unit="pages", removed=removed, statement_ms_per_batch=statements)
+    report.add(f"raw batch{tag}: ms per 1000-batch", round(sum(ms.values()), 2), unit="ms")
+    return removed
 
 
 def bench_drain(
-    report: Report,
-    tmp: Path,
-    seeded: Path,
-    n: int,
-    limit: int,
-    cap: float,
-    tag: str,
-    target: str,
+    report: Report, tmp: Path, seeded: Path, n: int, limit: int, cap: float, tag: str, target: str
 ) -> None:
-    """A raw profile of a few batches (stdlib sqlite3), then purge_finished(limit) until 0
-    through LibsqlStore, or until ``cap`` seconds have passed."""
+    """A raw profile, then purge_finished(limit) until 0 or ``cap`` seconds have passed."""
     report.section(f"gc, limit={limit}{tag} (raw profile of {PROFILE_BATCHES} batches first)")
-    db = tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"
-    copy(seeded, db)
-    raw = raw_batches(db, PROFILE_BATCHES)
-    pages, ms = raw.pop("pages_per_execution"), raw.pop("ms_per_batch")
-    report.add(f"raw batch{tag}: WAL pages per purged execution", pages, unit="pages", **raw)
-    report.add(f"raw batch{tag}: ms per 1000-batch", ms, unit="ms")
-    store = LibsqlStore(db)
-    timed = Timed(store)
-    before = store.clock() - HORIZON
+    db = synced(shutil.copyfile(seeded, tmp / f"gc-{limit}{tag.replace(' ', '-')}.db"))
+    profiled = raw_profile(report, db, tag)
+    gc = Gc(db)
     deadline = time.monotonic() + cap
-    purged = drain(timed, lambda: store.purge_finished(before, limit=limit), deadline)
-    store.close()
-    tag = f"purge_finished limit={limit}{tag}"
-    add_drain(report, tag, "executions", purged, target)
-    left = n - raw["removed"] - purged.removed
+    purged = gc.drain(lambda: gc.store.purge_finished(gc.before, limit=limit), deadline)
+    gc.store.close()
+    add_drain(report, f"purge_finished limit={limit}{tag}", "executions", purged, target)
+    left = n - profiled - purged.removed
     assert not purged.finished or left == 0, left
-    after = table_counts(db)
-    assert after["final"] == left and after["seeded_running"] == n // 10, after
-    assert after["seeded_markers"] == n // 10 * RUNNING_MARKERS + left, after
-    assert after["seeded_trace"] == (n // 10 + left) * TRACE_STEPS and not after["orphans"], after
+    check_left(db, n, left)
     db.unlink()
+
+
+def writer_main(database: Path, interval: float) -> None:
+    """The concurrent writer: typical commits until stdin closes, then each measured one's
+    (time.monotonic() start, latency) as JSON."""
+    store = LibsqlStore(database)
+    exes = run.executions("writer")
+    for exe in exes:
+        store.save(exe)
+    samples: list[tuple[float, float]] = []
+    busy = i = 0
+    prefix = f"w-{os.getpid()}-{time.time_ns()}"
+    while True:
+        exe = exes[i % run.POOL]
+        event = Event(name="tick", payload={"n": i})
+        timers = [TimerOp.schedule("main.wait", 1e9 + i)]
+        start, t0 = time.monotonic(), time.perf_counter()
+        try:
+            store.commit(
+                exe, [(exe.id, event)], processed_event_id=f"{prefix}-{i}", timers=timers,
+                trace=run.STEP,
+            )  # fmt: skip
+        except StoreBusy:
+            busy += 1
+        latency = time.perf_counter() - t0
+        i += 1
+        if i == WRITER_WARMUP:
+            print("ready", flush=True)
+        elif i > WRITER_WARMUP:
+            samples.append((start, latency))
+        if select.select([sys.stdin], [], [], interval)[0]:  # the pause; stdin closed: done
+            break
+    store.close()
+    print(json.dumps({"samples": samples, "busy": busy}), flush=True)
 
 
 def bench_concurrent(
@@ -559,20 +449,21 @@ def bench_concurrent(
         f"a concurrent writer (another process, a commit every {WRITER_INTERVAL * 1e3:.0f} ms):"
         f" {baseline:.0f} s without gc, then during gc limit=1000 (at most {cap:.0f} s)"
     )
-    db = tmp / "gc-writer.db"
-    copy(seeded, db)
-    with writer(db) as stop:
+    db = synced(shutil.copyfile(seeded, tmp / "gc-writer.db"))
+    writer = Child(module("retention", "--writer", str(db), str(WRITER_INTERVAL)))
+    try:
+        assert writer.line() == "ready"
         b0 = time.monotonic()
         time.sleep(baseline)
         b1 = time.monotonic()
-        store = LibsqlStore(db)
-        timed = Timed(store)
-        before = store.clock() - HORIZON
+        gc = Gc(db)
         g0 = time.monotonic()
-        purged = drain(timed, lambda: store.purge_finished(before, limit=1000), deadline=g0 + cap)
+        purged = gc.drain(lambda: gc.store.purge_finished(gc.before, limit=1000), g0 + cap)
         g1 = time.monotonic()
-        out = stop()
-        store.close()
+        out = json.loads(writer.close())
+        gc.store.close()
+    finally:
+        writer.close(0)  # only on failure is it still running
     ms: dict[str, dict[str, float]] = {}  # the writer's commits, without gc and during it
     for label, (start, end) in (("without", (b0, b1)), ("during", (g0, g1))):
         times = [latency for at, latency in out["samples"] if start <= at < end]
@@ -584,74 +475,50 @@ def bench_concurrent(
     report.add("writer p99 commit ms during gc", ms["during"]["p99"], unit="ms")
     report.add("writer max commit ms during gc", ms["during"]["p100"], unit="ms")
     add_drain(report, "purge_finished limit=1000 with writer", "executions", purged, rows=False)
-    after = table_counts(db)
-    assert after["seeded_running"] == n // 10 and after["running"] == n // 10 + POOL, after
     left = n - purged.removed
-    assert after["final"] == left and (left == 0) == purged.finished, (after, purged.finished)
-    assert after["seeded_markers"] == n // 10 * RUNNING_MARKERS + left, after
-    assert after["seeded_trace"] == (n // 10 + left) * TRACE_STEPS and not after["orphans"], after
+    after = check_left(db, n, left)
+    assert after["running"] == n // 10 + run.POOL and (left == 0) == purged.finished, after
     db.unlink()
 
 
 # --- WAL pages per typical commit, before / after the marker time (0007) ---
 
-# The previous head, 0006, as the migration chain builds it; then 0008, which only adds the
-# trace's recorded_at column (the trace insert of queries.sql writes it), so that the two
-# shapes differ by 0007 alone.
-PREVIOUS_HEAD = tuple(
-    f"migrations/{name}.up.sql"
-    for name in (
-        "0001_initial",
-        "0002_hot_read_indexes",
-        "0003_without_rowid",
-        "0004_claims",
-        "0005_times",
-        "0006_dead_letters",
-        "0008_trace_times",
-    )
+# The previous head, 0006, as the migration chain builds it, then 0008 (it only adds the
+# trace's recorded_at, which the trace insert writes): the two shapes differ by 0007 alone.
+PREVIOUS_HEAD = tuple(  # 0001..0006 and 0008
+    f"migrations/{p.name}" for p in sorted((SQL_DIR / "migrations").glob("000[1-68]_*.up.sql"))
 )
 OLD_MARK = "INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id) VALUES (?, ?)"
-MARKER_SHAPES: dict[str, Shape] = {
+MARKER_SHAPES: dict[str, run.Shape] = {
     "before": (PREVIOUS_HEAD, "update_execution_data", ((OLD_MARK, lambda params: params),)),
-    "after": (("schema.sql",), "update_execution_data", MARKS),
+    "after": (("schema.sql",), "update_execution_data", run.MARKS),
 }
 
 
 def bench_wal_markers(report: Report, tmp: Path) -> None:
-    report.section(f"WAL pages per typical commit ({WAL_COMMITS} commits), before / after 0007")
-    pages: dict[tuple[str, bool], tuple[float, int, dict[int, int]]] = {}
-    for first in (False, True):
+    """WAL frames appended per commit, bare sqlite3 NORMAL: before, 0001..0006 + 0008 and the
+    old marker insert; after, schema.sql with mark_processed + note_marker."""
+    report.section(f"WAL pages per typical commit ({run.WAL_COMMITS} commits), before / after 0007")
+    for first, label in ((False, "typical"), (True, "first marker")):
+        line, pages = f"wal pages/commit {label}", {}
         for shape in MARKER_SHAPES:
             db = tmp / f"wal-{shape}{'-first' if first else ''}.db"
-            conn = bare_connection("sqlite", str(db), "NORMAL")
+            conn = run.bare_connection("sqlite", str(db), "NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint = 0")
-            run = floor_commits(conn, WAL_COMMITS, True, MARKER_SHAPES[shape])
+            commits = run.floor_commits(conn, run.WAL_COMMITS, True, MARKER_SHAPES[shape])
             # Warm-up: each execution measured next has its timer and trace, and (unless its
             # first marker is measured) its markers and markers_since.
-            run(not first)
-            pages[shape, first] = wal_pages(db, run)
+            commits(not first)
+            pages[shape], frames, sizes = run.wal_pages(db, commits)
             conn.close()
-            kinds = table_kinds(db)
+            kinds = run.table_kinds(db)
             assert kinds["harel_processed_events"], (shape, kinds)  # WITHOUT ROWID in both
-            probe = sqlite3.connect(db)
-            columns = {row[1] for row in probe.execute("PRAGMA table_info(harel_executions)")}
-            probe.close()
+            with contextlib.closing(sqlite3.connect(db)) as probe:
+                columns = {row[1] for row in probe.execute("PRAGMA table_info(harel_executions)")}
             assert ("markers_since" in columns) == (shape == "after"), (shape, columns)
-    # WAL frames appended per commit, bare sqlite3 NORMAL (a page count): before, 0001..0006
-    # + 0008 and the old marker insert; after, schema.sql with mark_processed + note_marker.
-    for first, label in ((False, "typical"), (True, "first marker")):
-        for shape in MARKER_SHAPES:
-            per, frames, sizes = pages[shape, first]
-            report.add(
-                f"wal pages/commit {label} {shape}",
-                per,
-                unit="pages",
-                frames=frames,
-                by_pages=sizes,
-            )
-        more = pages["after", first][0] - pages["before", first][0]
-        target = "<= +0.2" if not first else ""
-        report.add(f"wal pages/commit {label} after - before", more, target, unit="pages")
+            report.add(f"{line} {shape}", pages[shape], unit="pages", frames=frames, by_pages=sizes)
+        more, target = pages["after"] - pages["before"], "<= +0.2" if not first else ""
+        report.add(f"{line} after - before", more, target, unit="pages")
 
 
 def main() -> None:
@@ -662,10 +529,8 @@ def main() -> None:
     if ns.writer:
         writer_main(Path(ns.writer[0]), float(ns.writer[1]))
         return
-    # Finished executions (in smoke, more than the raw profile's PROFILE_BATCHES batches of
-    # 1000 remove, so the limit=250 drain after it has some left); then seconds: the writer's
-    # baseline, and the most a capped drain runs (the limit=250 one, the writer's gc pass,
-    # the ids-in-update-order one); the limit=1000 drain is never capped.
+    # Finished executions (in smoke, more than the raw profile removes), the writer's baseline
+    # and the most a capped drain runs (seconds; the first limit=1000 drain is never capped).
     size, baseline, cap = {
         "full": (1_000_000, 15.0, 45.0),
         "quick": (50_000, 4.0, 8.0),
@@ -685,19 +550,7 @@ def main() -> None:
     ):
         tmp = Path(name)
         bench_wal_markers(report, tmp)
-        seeded = {order: tmp / f"seeded-{order}.db" for order in ("scattered", "ordered")}
-        for order, path in seeded.items():
-            took = seed(path, n, SCATTERED if order == "scattered" else ORDERED)
-            counts = table_counts(path)
-            print(
-                f"seeded {n:,} finished + {n // 10:,} running executions, {order},"
-                f" in {took:.1f}s: {file_mb(path):.0f} MB, {counts}",
-                flush=True,
-            )
-            assert counts["final"] == n and counts["running"] == n // 10, counts
-            assert counts["trace"] == (n + n // 10) * TRACE_STEPS, counts
-            assert counts["markers"] == n + n // 10 * RUNNING_MARKERS, counts
-            assert counts["timers"] == n + n // 10 and not counts["orphans"], counts
+        seeded = {order: seed(tmp / f"seeded-{order}.db", n, order) for order in ORDERS}
         bench_gc(report, tmp, seeded["scattered"], n)
         bench_drain(report, tmp, seeded["scattered"], n, 250, cap, "", ">= 5000")
         bench_concurrent(report, tmp, seeded["scattered"], n, baseline, min(cap, 30.0))
