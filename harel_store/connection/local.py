@@ -306,15 +306,15 @@ class LocalConnection:
     def _batch(self, batch: Batch) -> list[Any]:
         """One batch, one transaction."""
         try:
-            return self._transaction(lambda: self._steps(batch))
+            return self._transaction(self._steps, batch)
         except Conflicted as conflict:
             raise self._found(batch, conflict) from None
 
-    def _transaction(self, write: Callable[[], R]) -> R:
-        """``write()`` between BEGIN IMMEDIATE and COMMIT; rolled back if anything fails."""
+    def _transaction(self, write: Callable[[T], R], arg: T) -> R:
+        """``write(arg)`` between BEGIN IMMEDIATE and COMMIT; rolled back if anything fails."""
         self._execute(*_BEGIN)
         try:
-            result = write()
+            result = write(arg)
             self._commit()
             return result
         except BaseException:
@@ -331,7 +331,7 @@ class LocalConnection:
         failed COMMIT, is every member's failure (all of it rolled back; `_retried` tries
         the whole group again while the file is busy)."""
         try:
-            return self._transaction(lambda: [(self._steps(m.batch), None) for m in group])
+            return self._transaction(self._written_as_one, group)
         except (Conflicted, RowError):
             return self._saved(group)
         except BaseException as exc:
@@ -342,7 +342,15 @@ class LocalConnection:
     def _saved(self, group: list[_Member]) -> list[tuple[Any, BaseException | None]]:
         """`_group` with each batch in its own savepoint: one that fails is undone alone and
         fails alone, with its conflict read as the batches before it left the rows."""
-        return self._transaction(lambda: [self._member(m) for m in group])
+        return self._transaction(self._written_in_savepoints, group)
+
+    def _written_as_one(self, group: list[_Member]) -> list[tuple[Any, BaseException | None]]:
+        return [(self._steps(member.batch), None) for member in group]
+
+    def _written_in_savepoints(
+        self, group: list[_Member]
+    ) -> list[tuple[Any, BaseException | None]]:
+        return [self._member(member) for member in group]
 
     def _member(self, member: _Member) -> tuple[Any, BaseException | None]:
         """One batch of a group in its own savepoint: its results, or its failure undone."""
