@@ -73,19 +73,6 @@ def _stmt(statement: Statement) -> dict[str, Any]:
     }
 
 
-_BEGIN_JSON, _COMMIT_JSON, _ROLLBACK_JSON, _SAVEPOINT_JSON, _RELEASE_JSON, _ROLLBACK_TO_JSON = (
-    json.dumps(_stmt(statement(name)), separators=(",", ":")).encode("ascii")
-    for name in (
-        "begin",
-        "commit",
-        "rollback",
-        "savepoint",
-        "release_savepoint",
-        "rollback_to_savepoint",
-    )
-)
-
-
 def _column(value: dict[str, Any]) -> Any:
     """A Hrana value as Python, checked against the type it declares."""
     kind = value["type"]
@@ -280,10 +267,28 @@ def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
+_BEGIN_JSON, _COMMIT_JSON, _ROLLBACK_JSON, _SAVEPOINT_JSON, _RELEASE_JSON, _ROLLBACK_TO_JSON = (
+    _json(_stmt(statement(name)))
+    for name in (
+        "begin",
+        "commit",
+        "rollback",
+        "savepoint",
+        "release_savepoint",
+        "rollback_to_savepoint",
+    )
+)
+
+
+def _one_transaction(group: list[_Pending]) -> bool:
+    """Whether ``group`` goes as one transaction (`_group_part`), with one result for all."""
+    return len(group) > 1 and group[0].wire.write
+
+
 def _body(group: list[_Pending]) -> bytes:
     """One pipeline on a new stream: the requests in order, or a group of writes as one
     transaction (`_group_part`), then ``close``."""
-    if len(group) > 1 and group[0].wire.write:
+    if _one_transaction(group):
         parts = _group_part(group)
     else:
         wire = group[0].wire
@@ -671,10 +676,11 @@ class HranaConnection:
         try:
             reply = json.loads(answer.body)
             results = reply["results"]
-            expected = 2 if len(todo) > 1 and todo[0].wire.write else len(todo) + 1
+            one = _one_transaction(todo)
+            expected = 2 if one else len(todo) + 1
             if not isinstance(results, list) or len(results) != expected:
                 raise ValueError(f"{expected} results expected")
-            if expected == 2:  # one transaction: every member reads its part of the one result
+            if one:  # every member reads its part of the one result
                 results = [results[0]] * len(todo)
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             for pending in todo:

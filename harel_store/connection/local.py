@@ -332,10 +332,8 @@ class LocalConnection:
         the whole group again while the file is busy)."""
         try:
             return self._transaction(self._written_as_one, group)
-        except (Conflicted, RowError):
-            return self._saved(group)
         except BaseException as exc:
-            if not self._refused(exc):
+            if not self._alone(exc):
                 raise
             return self._saved(group)
 
@@ -357,23 +355,22 @@ class LocalConnection:
         self._execute(*_SAVEPOINT)
         try:
             outcome: tuple[Any, BaseException | None] = (self._steps(member.batch), None)
-        except Conflicted as conflict:
-            self._undo()
-            return None, self._found(member.batch, conflict)
-        except RowError as exc:
-            self._undo()
-            return None, StoreError(str(exc))
         except BaseException as exc:
-            if not self._refused(exc):
+            if not self._alone(exc):
                 raise
-            self._undo()
-            return None, self._error(exc)
+            self._undo()  # before the conflict read: it sees the rows as the others left them
+            if isinstance(exc, Conflicted):
+                return None, self._found(member.batch, exc)
+            return None, StoreError(str(exc)) if isinstance(exc, RowError) else self._error(exc)
         self._execute(*_RELEASE)
         return outcome
 
-    def _refused(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the database refusing a statement (not the file busy, not an
-        interrupt): the failure of one batch, not of its group."""
+    def _alone(self, exc: BaseException) -> bool:
+        """Whether ``exc`` fails one batch of a group, not the group: its guard, a row that
+        does not fit, a statement the database refuses (not the file busy, not an
+        interrupt)."""
+        if isinstance(exc, (Conflicted, RowError)):
+            return True
         return is_driver_error(exc) and not isinstance(self._error(exc), StoreBusy)
 
     def _undo(self) -> None:
