@@ -232,7 +232,7 @@ def _retries(
         retry = options.retry_in(count)
         groups.setdefault((error, retry), []).append(item)
         last = limit is not None and count >= limit
-        telemetry.count(telemetry.kind_of(item), "dead" if last else "failed")
+        telemetry.count((item,), "dead" if last else "failed")  # done, released: _settle
         log.warning(
             "%s failed on attempt %d%s: %s; %s",
             queues.describe(item),
@@ -242,15 +242,6 @@ def _retries(
             "a dead letter at its next claim" if last else f"retry in {retry:g} s",
         )
     return groups
-
-
-def _tally(outcome: _Round) -> None:
-    """The round's items handled and those given back, counted (`telemetry`; failed and
-    dead ones in `_retries`)."""
-    for item in outcome.done:
-        telemetry.count(telemetry.kind_of(item), "done")
-    for item in outcome.left():
-        telemetry.count(telemetry.kind_of(item), "released")
 
 
 def _unsettled(worker: str, exc: Exception) -> None:
@@ -386,7 +377,7 @@ class Relay:
         tries = 0
         while True:
             try:
-                with telemetry.handling(kind, item, queues.describe(item)):
+                with telemetry.handling(kind, item, queues.describe):
                     handler(item)
             except StoreConflict as exc:
                 tries += 1
@@ -400,7 +391,6 @@ class Relay:
             return
 
     def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:
-        _tally(outcome)
         store, worker = self._store, self._o.worker
         done = holding.unconsumed(outcome.done)
         if done:
@@ -411,6 +401,8 @@ class Relay:
                 store.fail(worker, items, error=error, retry_in=retry)
                 schedule.retry(retry)
         left = outcome.left()
+        telemetry.count(outcome.done, "done")
+        telemetry.count(left, "released")
         if left:
             store.release(worker, left)
 
@@ -617,7 +609,7 @@ class AsyncRelay:
                     tries = 0
                     while True:
                         try:
-                            with telemetry.handling(kind, item, queues.describe(item)):
+                            with telemetry.handling(kind, item, queues.describe):
                                 await handler(item)
                         except StoreConflict as exc:
                             tries += 1
@@ -650,7 +642,6 @@ class AsyncRelay:
         return outcome.handled
 
     async def _settle(self, outcome: _Round, holding: queues.Holding, schedule: _Schedule) -> None:
-        _tally(outcome)
         store, worker = self._store, self._o.worker
         writes: list[Awaitable[Any]] = []
         done = holding.unconsumed(outcome.done)
@@ -662,6 +653,8 @@ class AsyncRelay:
                 writes.append(store.fail(worker, items, error=error, retry_in=retry))
                 schedule.retry(retry)
         left = outcome.left()
+        telemetry.count(outcome.done, "done")
+        telemetry.count(left, "released")
         if left:
             writes.append(store.release(worker, left))
         await asyncio.gather(*writes)

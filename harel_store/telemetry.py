@@ -20,12 +20,13 @@ Names and attributes (the contract):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from harel_store.batch import Plan
@@ -157,17 +158,18 @@ def kind_of(item: Any) -> str:
     return KINDS[type(item).__name__]
 
 
-def count(kind: str, outcome: str, n: int = 1) -> None:
-    """``n`` relay items of ``kind`` came to ``outcome``."""
+def count(items: Iterable[Any], outcome: str) -> None:
+    """Relay ``items`` came to ``outcome``: counted by kind."""
     found = instruments()
-    if n and found is not None and found.items is not None:
-        found.items.add(n, {"kind": kind, "outcome": outcome})
+    if found is not None and found.items is not None:
+        for kind, n in collections.Counter(map(kind_of, items)).items():
+            found.items.add(n, {"kind": kind, "outcome": outcome})
 
 
 @contextlib.contextmanager
-def handling(kind: str, item: Any, name: str) -> Iterator[None]:
+def handling(kind: str, item: Any, describe: Callable[[Any], str]) -> Iterator[None]:
     """Around a handler call: the lag of a timer, and the current span
-    ``harel_store.relay.handle``."""
+    ``harel_store.relay.handle`` (the item named by ``describe``, only then)."""
     found = instruments()
     if found is None:
         yield
@@ -177,6 +179,6 @@ def handling(kind: str, item: Any, name: str) -> Iterator[None]:
     if found.tracer is None:
         yield
         return
-    attributes = {"kind": kind, "harel_store.item": name}
+    attributes = {"kind": kind, "harel_store.item": describe(item)}
     with found.tracer.start_as_current_span("harel_store.relay.handle", attributes=attributes):
         yield
