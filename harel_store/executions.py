@@ -145,6 +145,7 @@ class Executions(StoreCore):
             )
         trace_json = None if trace is None else dumps(trace, "trace")
         consumed = queues.items_of(acks, "acks") if acks else None
+        traced = telemetry.traceparent() if outbox or spawn_rows or timer_ops else None
         old = exe.version
         try:
             exe.version = old + 1
@@ -164,16 +165,17 @@ class Executions(StoreCore):
             if consumed is not None:
                 queues.add_each(batch, consumed, "ack")
             emitted = [
-                batch.add("insert_outbox", target, exe.id, event) for target, event in outbox
+                batch.add("insert_outbox", target, exe.id, event, traced)
+                for target, event in outbox
             ]
             if processed_event_id is not None:
                 batch.add("mark_processed", exe.id, processed_event_id)
                 batch.add("note_marker", exe.id, processed_event_id)
             for row in spawn_rows:
-                batch.add("insert_spawn", exe.id, *row)
+                batch.add("insert_spawn", exe.id, *row, traced)
             for op in timer_ops:
                 if op.action == "schedule":
-                    batch.add("schedule_timer", exe.id, op.path, op.fire_at)
+                    batch.add("schedule_timer", exe.id, op.path, op.fire_at, traced)
                 else:
                     batch.add("cancel_timer", exe.id, op.path)
             if trace_json is not None:

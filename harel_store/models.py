@@ -95,10 +95,18 @@ class TimerOp(BaseModel):
         return cls(action="cancel", path=path)
 
 
-class OutboxEntry(NamedTuple):
-    """An emitted event waiting for delivery (a commit's ``emits`` item ``(target_id,
-    event)``), as the relays read it; consume it with `ack`, or `commit(..., acks=)`."""
+class _Carried:
+    """What a claim read of a relay item besides its fields, for its relay: when it was
+    written (epoch seconds, the database's clock) and the W3C traceparent of the commit that
+    wrote it (0010). Attributes of the object, not fields of the tuple: equality, unpacking,
+    the repr and a copy made by hand are the fields' alone, and an item built by hand or
+    listed carries None."""
 
+    _written_at: float | None = None
+    _traceparent: str | None = None
+
+
+class _OutboxFields(NamedTuple):
     seq: int
     """Its place in the outbox: entries are delivered oldest (lowest) first."""
     target_id: str | None
@@ -108,10 +116,12 @@ class OutboxEntry(NamedTuple):
     """The event, with the ``id`` the receiver dedupes it by."""
 
 
-class SpawnEntry(NamedTuple):
-    """A child execution to create (a commit's ``spawns`` item ``(child_id, root_path,
-    context)``), as the relays read it; consume it with `ack`, or `commit(..., acks=)`."""
+class OutboxEntry(_OutboxFields, _Carried):
+    """An emitted event waiting for delivery (a commit's ``emits`` item ``(target_id,
+    event)``), as the relays read it; consume it with `ack`, or `commit(..., acks=)`."""
 
+
+class _SpawnFields(NamedTuple):
     seq: int
     """Its place in the spawn queue, oldest first."""
     parent_id: str
@@ -124,12 +134,19 @@ class SpawnEntry(NamedTuple):
     """The child's initial context (JSON)."""
 
 
-class DueTimer(NamedTuple):
-    """A timer due to fire, as `due_timers` and `claim_due_timers` hand it out (a tuple)."""
+class SpawnEntry(_SpawnFields, _Carried):
+    """A child execution to create (a commit's ``spawns`` item ``(child_id, root_path,
+    context)``), as the relays read it; consume it with `ack`, or `commit(..., acks=)`."""
 
+
+class _TimerFields(NamedTuple):
     execution_id: str
     path: str
     fire_at: float
+
+
+class DueTimer(_TimerFields, _Carried):
+    """A timer due to fire, as `due_timers` and `claim_due_timers` hand it out (a tuple)."""
 
     @property
     def event_id(self) -> str:

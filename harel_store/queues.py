@@ -209,18 +209,28 @@ def _key(item: RelayItem) -> tuple[str, Any]:
 
 
 def outbox_entry(row: Sequence[Any]) -> OutboxEntry:
-    seq, target, event = row
-    return OutboxEntry(seq, target, stored(f"outbox entry {seq}", Event.model_validate_json, event))
+    seq, target, event, *carried = row
+    event = stored(f"outbox entry {seq}", Event.model_validate_json, event)
+    entry = OutboxEntry(seq, target, event)
+    if carried:  # a claim's row: when it was written and the commit's trace context
+        entry._written_at, entry._traceparent = carried
+    return entry
 
 
 def spawn_entry(row: Sequence[Any]) -> SpawnEntry:
-    seq, parent, child, root, context = row
-    return SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, context))
+    seq, parent, child, root, context, *carried = row
+    spawn = SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, context))
+    if carried:
+        spawn._written_at, spawn._traceparent = carried
+    return spawn
 
 
 def due_timer(row: Sequence[Any]) -> DueTimer:
-    execution_id, path, fire_at = row
-    return DueTimer(execution_id, path, float(fire_at))  # sqlite3 may return a whole REAL as int
+    execution_id, path, fire_at, *carried = row
+    timer = DueTimer(execution_id, path, float(fire_at))  # sqlite3 may return a whole REAL as int
+    if carried:  # a timer is late from its fire_at: only the trace context
+        (timer._traceparent,) = carried
+    return timer
 
 
 def dead_letter(row: Sequence[Any]) -> DeadLetter:

@@ -12,10 +12,12 @@ Names and attributes (the contract):
   ``error``); a span ``harel_store.commit`` around each commit, with the same attributes.
 - ``harel_store.relay.items`` (counter): ``kind`` (``outbox``, ``spawn``, ``timer``) and
   ``outcome`` (``done``, ``failed``, ``dead``, ``released``).
-- ``harel_store.relay.lag`` (histogram, s): ``kind``; how late a timer's handler starts
-  after its ``fire_at``.
+- ``harel_store.relay.lag`` (histogram, s): ``kind``; an item's age when its handler
+  starts: from when it was written (the database's clock), a timer from its ``fire_at``.
 - a span ``harel_store.relay.handle`` around each handler call, current while it runs (the
-  handler's own spans nest in it), with ``kind`` and ``harel_store.item``.
+  handler's own spans nest in it), with ``kind`` and ``harel_store.item``, linked to the
+  span the commit that wrote the item ran in (its W3C ``traceparent``, stored with the item
+  since 0010), in whatever process that was.
 """
 
 from __future__ import annotations
@@ -150,6 +152,32 @@ def _watched(inner: Plan[T], found: _Instruments, where: str) -> Plan[T]:
             span.end()
 
 
+def traceparent() -> str | None:
+    """The W3C traceparent of the current span, for the relay items a commit writes: None
+    unless the application imported the API and a valid span (its own, or one it took from
+    a caller's headers) is current."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return None
+    return f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
+
+
+def _links(item: Any) -> list[Any]:
+    """The link from a handler's span to the span of the commit that wrote ``item``, when
+    that commit carried one (read with the API's W3C propagator: a malformed value is none)."""
+    if item._traceparent is None:
+        return []
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carried = TraceContextTextMapPropagator().extract({"traceparent": item._traceparent})
+    span = trace.get_current_span(carried).get_span_context()
+    return [trace.Link(span)] if span.is_valid else []
+
+
 KINDS = {"OutboxEntry": "outbox", "SpawnEntry": "spawn", "DueTimer": "timer"}
 
 
@@ -174,11 +202,15 @@ def handling(kind: str, item: Any, describe: Callable[[Any], str]) -> Iterator[N
     if found is None:
         yield
         return
-    if found.lag is not None and kind == "timer":
-        found.lag.record(max(time.time() - item.fire_at, 0.0), {"kind": kind})
+    if found.lag is not None:
+        since = item.fire_at if kind == "timer" else item._written_at
+        if since is not None:
+            found.lag.record(max(time.time() - since, 0.0), {"kind": kind})
     if found.tracer is None:
         yield
         return
     attributes = {"kind": kind, "harel_store.item": describe(item)}
-    with found.tracer.start_as_current_span("harel_store.relay.handle", attributes=attributes):
+    with found.tracer.start_as_current_span(
+        "harel_store.relay.handle", attributes=attributes, links=_links(item)
+    ):
         yield

@@ -173,9 +173,10 @@ SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
 -- name: insert_outbox$
 -- row: seq int
 -- created_at is epoch seconds from SQLite's clock, so every writer's entries share one clock;
--- source_id is the execution whose commit emits the entry.
-INSERT INTO harel_outbox (target_id, source_id, event, created_at)
-VALUES (?, ?, ?, (julianday('now') - 2440587.5) * 86400.0)
+-- source_id is the execution whose commit emits the entry; traceparent the commit's trace
+-- context (0010), NULL when it ran inside no span. Likewise for spawns and timers.
+INSERT INTO harel_outbox (target_id, source_id, event, created_at, traceparent)
+VALUES (?, ?, ?, (julianday('now') - 2440587.5) * 86400.0, ?)
 RETURNING seq;
 
 -- name: mark_processed!
@@ -185,17 +186,17 @@ INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id, recorded_a
 VALUES (?, ?, (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: insert_spawn!
-INSERT INTO harel_spawns (parent_id, child_id, root_path, context, created_at)
-VALUES (?, ?, ?, ?, (julianday('now') - 2440587.5) * 86400.0);
+INSERT INTO harel_spawns (parent_id, child_id, root_path, context, created_at, traceparent)
+VALUES (?, ?, ?, ?, (julianday('now') - 2440587.5) * 86400.0, ?);
 
 -- name: schedule_timer!
 -- Re-arming the same path replaces its fire_at.
 -- Re-arming also drops a relay's claim, its attempts and a dead letter it was: the timer is
--- due anew, at its new time.
-INSERT INTO harel_timers (execution_id, path, fire_at) VALUES (?, ?, ?)
+-- due anew, at its new time, with the trace context of the commit that re-armed it.
+INSERT INTO harel_timers (execution_id, path, fire_at, traceparent) VALUES (?, ?, ?, ?)
 ON CONFLICT (execution_id, path) DO UPDATE
 SET fire_at = excluded.fire_at, claimed_by = NULL, claimed_until = NULL, attempts = 0,
-    last_error = NULL, dead_at = NULL;
+    last_error = NULL, dead_at = NULL, traceparent = excluded.traceparent;
 
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
@@ -514,7 +515,9 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_outbox
--- row: seq int, target_id text?, event text
+-- row: seq int, target_id text?, event text, created_at real?, traceparent text?
+-- A claim also hands its relay when each item was written and the trace context it was
+-- written in (0010): the relay's lag and its handler span's link.
 UPDATE harel_outbox
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -524,7 +527,7 @@ WHERE seq IN (
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
       AND (?4 IS NULL OR attempts < ?4)
     ORDER BY seq LIMIT ?2)
-RETURNING seq, target_id, event;
+RETURNING seq, target_id, event, created_at, traceparent;
 
 -- What a worker does with the entries it claimed, by seq (?N: a JSON array of seqs, one
 -- statement for any number; json_each's integers are exact).
@@ -591,7 +594,7 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_spawns
--- row: seq int, parent_id text, child_id text, root_path text, context text
+-- row: seq int, parent_id text, child_id text, root_path text, context text, created_at real?, traceparent text?
 UPDATE harel_spawns
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -601,7 +604,7 @@ WHERE seq IN (
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
       AND (?4 IS NULL OR attempts < ?4)
     ORDER BY seq LIMIT ?2)
-RETURNING seq, parent_id, child_id, root_path, context;
+RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent;
 
 -- name: ack_spawns!
 DELETE FROM harel_spawns
@@ -660,7 +663,7 @@ WHERE (execution_id, path) IN (
 RETURNING execution_id, path, fire_at, attempts, last_error;
 
 -- name: claim_due_timers
--- row: execution_id text, path text, fire_at real
+-- row: execution_id text, path text, fire_at real, traceparent text?
 -- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's;
 -- ?5 max_attempts.
 UPDATE harel_timers
@@ -672,7 +675,7 @@ WHERE (execution_id, path) IN (
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
       AND (?5 IS NULL OR attempts < ?5)
     ORDER BY fire_at, execution_id, path LIMIT ?2)
-RETURNING execution_id, path, fire_at;
+RETURNING execution_id, path, fire_at, traceparent;
 
 -- name: delete_timer!
 -- Only the timer as it was swept (live or dead): a concurrent re-schedule to a new time

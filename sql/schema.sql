@@ -59,7 +59,10 @@ CREATE TABLE harel_outbox (
     -- live entry, out of the claims' walk. Likewise in harel_spawns; a dead timer keeps its key.
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
-    dead_at REAL
+    dead_at REAL,
+    -- The W3C traceparent of the commit that wrote it, when that commit ran inside a span
+    -- (0010); NULL otherwise. Likewise in harel_spawns and harel_timers.
+    traceparent TEXT
 );
 
 CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
@@ -85,6 +88,7 @@ CREATE TABLE harel_timers (
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
     dead_at REAL,
+    traceparent TEXT,
     PRIMARY KEY (execution_id, path)
 ) WITHOUT ROWID;
 
@@ -106,7 +110,8 @@ CREATE TABLE harel_spawns (
     created_at REAL, -- epoch seconds (the database's clock) at insert (0005); NULL before
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
-    dead_at REAL
+    dead_at REAL,
+    traceparent TEXT
 );
 
 CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);

@@ -5,6 +5,10 @@ nothing with no provider set."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,11 +184,14 @@ def test_a_relay_counts_its_items_times_a_timer_and_spans_each_handler(
         (a["kind"], a["outcome"]): p.value for a, p in recorded.points("harel_store.relay.items")
     }
     assert items == {("outbox", "done"): 1, ("outbox", "dead"): 1, ("timer", "done"): 1}
-    ((attributes, lag),) = recorded.points("harel_store.relay.lag")
-    assert attributes == {"kind": "timer"} and lag.count == 1 and 5 <= lag.sum < 60
+    lags = {a["kind"]: p for a, p in recorded.points("harel_store.relay.lag")}
+    assert lags.keys() == {"outbox", "timer"}
+    assert lags["timer"].count == 1 and 5 <= lags["timer"].sum < 60  # from its fire_at
+    assert lags["outbox"].count == 2 and 0 <= lags["outbox"].sum < 60  # from when written
     spans = recorded.spans.get_finished_spans()
     handles = [s for s in spans if s.name == "harel_store.relay.handle"]
     assert sorted(s.attributes["kind"] for s in handles) == ["outbox", "outbox", "timer"]
+    assert all(not h.links for h in handles)  # committed in no span: nothing to link to
     own = [s for s in spans if s.name == "handler's own"]
     assert len(own) == 2
     assert {s.parent.span_id for s in own} <= {h.context.span_id for h in handles}  # nested
@@ -200,3 +207,102 @@ def test_with_no_provider_set_nothing_is_recorded(tmp_path: Path) -> None:
         exe = Execution(id="exe-1", definition_id="d")
         store.commit(exe, [])
         assert telemetry.instruments() is None
+
+
+def handles(recorded: Recorded) -> dict[str, list[Any]]:
+    """The handler spans by kind, each a list of the span contexts it links to."""
+    found: dict[str, list[Any]] = {}
+    for span in recorded.spans.get_finished_spans():
+        if span.name == "harel_store.relay.handle":
+            for link in span.links:
+                assert link.context.is_remote  # read back from the store, as any process would
+            found.setdefault(span.attributes["kind"], []).append(
+                [(link.context.trace_id, link.context.span_id) for link in span.links]
+            )
+    return found
+
+
+def ids(span: Any) -> tuple[int, int]:
+    return span.get_span_context().trace_id, span.get_span_context().span_id
+
+
+def drain(store: Any) -> int:
+    relay = Relay(
+        store, "w", on_outbox=lambda e: None, on_spawn=lambda s: None, on_timer=lambda t: None
+    )
+    return relay.run_once()
+
+
+@pytest.mark.parametrize("where", ["file", pytest.param("sqld", marks=pytest.mark.sqld)])
+def test_a_handler_span_links_to_the_span_its_item_was_committed_in(
+    recorded: Recorded, tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    if where == "file":
+        store = LibsqlStore(tmp_path / "t.db")
+    else:
+        server = request.getfixturevalue("server")
+        store = LibsqlStore(server.url, auth_token=server.token)
+    tracer = trace.get_tracer("engine")
+    exe = Execution(id="exe-1", definition_id="d")
+    with tracer.start_as_current_span("step") as step:
+        store.commit(
+            exe,
+            [("exe-2", Event(name="go"))],
+            spawns=[("exe-1.child", "s", {})],
+            timers=[TimerOp.schedule("t", time.time() - 1)],
+        )
+    with tracer.start_as_current_span("re-arm") as rearm:
+        store.commit(exe, [], timers=[TimerOp.schedule("t", time.time() - 2)])
+    store.commit(exe, [], timers=[TimerOp.schedule("u", time.time() - 1)])  # in no span
+    time.sleep(0.2)
+    assert drain(store) == 4
+    linked = handles(recorded)
+    assert linked["outbox"] == linked["spawn"] == [[ids(step)]]
+    # A re-armed timer carries the context of the commit that re-armed it; one armed in no
+    # span, none.
+    assert sorted(linked["timer"], key=len) == [[], [ids(rearm)]]
+    lags = {a["kind"]: p for a, p in recorded.points("harel_store.relay.lag")}
+    assert lags["outbox"].count == lags["spawn"].count == 1
+    assert 0.15 <= lags["outbox"].sum < 60 and 0.15 <= lags["spawn"].sum < 60
+    store.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from harel_store import Event, Execution, LibsqlStore, TimerOp
+
+    trace.set_tracer_provider(TracerProvider())
+    with LibsqlStore(sys.argv[1]) as store:
+        exe = Execution(id="exe-1", definition_id="d")
+        with trace.get_tracer("engine").start_as_current_span("step") as step:
+            store.commit(exe, [(None, Event(name="out"))], spawns=[("exe-1.c", "s", {})],
+                         timers=[TimerOp.schedule("t", time.time() - 1)])
+    context = step.get_span_context()
+    print(f"{context.trace_id:032x} {context.span_id:016x}")
+    """
+)
+
+
+def test_the_link_crosses_processes(recorded: Recorded, tmp_path: Path) -> None:
+    """The commit is made in another process, inside its own span; this process's relay
+    handles the items, each handler span linked to that span."""
+    database = tmp_path / "t.db"
+    LibsqlStore(database).close()  # migrated before the child opens it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(database)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
+    trace_id, span_id = (int(part, 16) for part in child.stdout.split())
+    with LibsqlStore(database) as store:
+        assert drain(store) == 3
+    linked = handles(recorded)
+    assert linked.keys() == {"outbox", "spawn", "timer"}
+    assert list(linked.values()) == [[[(trace_id, span_id)]]] * 3
