@@ -3,7 +3,9 @@ prometheus-client's own parser, on a file and on sqld; served at /metrics with -
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,3 +158,28 @@ def test_without_prometheus_client_it_says_what_to_install(tmp_path: Path) -> No
     )
     line = failed(result)
     assert "pip install 'harel-store[prometheus]'" in line, line
+
+
+# The Prometheus names of the otel extra's instruments, as OpenTelemetry's Prometheus
+# exporter (and the Collector's) writes them: the unit as a suffix, a counter's _total.
+OTEL_NAMES = {
+    "harel_store_commit_duration_seconds_bucket",
+    "harel_store_commit_duration_seconds_count",
+    "harel_store_relay_items_total",
+    "harel_store_relay_lag_seconds_bucket",
+}
+
+
+def test_the_grafana_dashboard_reads_only_names_there_are(tmp_path: Path) -> None:
+    """contrib/grafana/harel-store.json: valid JSON, and every series its panels query is a
+    gauge `harel-store metrics` prints or an instrument of the otel extra."""
+    db = str(tmp_path / "m.db")
+    setup(db)
+    printed = {name for name, _ in gauges(ok(cli("metrics", "--url", db)))}
+    dashboard = json.loads(
+        (Path(__file__).parents[1] / "contrib/grafana/harel-store.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {name for expr in exprs for name in re.findall(r"harel_store_\w+", expr)}
+    assert len(exprs) >= 8 and queried - printed <= OTEL_NAMES
+    assert printed <= queried | {"harel_store_timers_scheduled"}  # every gauge but one shown
