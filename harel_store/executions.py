@@ -144,7 +144,7 @@ class Executions(StoreCore):
                 )
             )
         trace_json = None if trace is None else dumps(trace, "trace")
-        consumed = queues.items_of(acks, "acks") if acks else None
+        consumed = queues.items_of(acks, "acks", self._conn.key) if acks else None
         traced = telemetry.traceparent() if outbox or spawn_rows or timer_ops else None
         old = exe.version
         try:
@@ -426,7 +426,7 @@ class Executions(StoreCore):
         """Undelivered outbox entries addressed to the execution, oldest first."""
         check_id(execution_id, "execution_id")
         rows = yield statement("outbox_for", execution_id)
-        return [queues.outbox_entry(row) for row in rows]
+        return queues.stamped([queues.outbox_entry(row) for row in rows], self._conn.key)
 
     @operation
     def read_trace(self, execution_id: str) -> Plan[list[dict[str, Any]]]:

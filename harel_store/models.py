@@ -96,12 +96,14 @@ class TimerOp(BaseModel):
 
 
 class _Carried:
-    """What a claim read of a relay item besides its fields, for its relay: when it was
-    written (epoch seconds, the database's clock) and the W3C traceparent of the commit that
-    wrote it (0010). Attributes of the object, not fields of the tuple: equality, unpacking,
-    the repr and a copy made by hand are the fields' alone, and an item built by hand or
-    listed carries None."""
+    """What a store read of a relay item besides its fields: the database it came from (a
+    store of another database refuses it: its seq names another row there), and, from a
+    claim, when it was written (epoch seconds, the database's clock) and the W3C traceparent
+    of the commit that wrote it (0010), for its relay. Attributes of the object, not fields
+    of the tuple: equality, unpacking, the repr and a copy made by hand are the fields'
+    alone, and an item built by hand carries None (taken by every store)."""
 
+    _origin: str | None = None
     _written_at: float | None = None
     _traceparent: str | None = None
 

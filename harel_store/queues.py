@@ -80,9 +80,17 @@ def _add_seq(seqs: list[int], value: object, what: str) -> None:
         seqs.append(value)  # type: ignore[arg-type]
 
 
-def items_of(items: Iterable[object], call: str) -> Items:
-    """The items of ``call``, checked before anything is sent: TypeError for anything but
-    an OutboxEntry, a SpawnEntry or a DueTimer (a lone item, not in a list, included)."""
+def stamped(items: list[E], database: str) -> list[E]:
+    """``items``, read from ``database`` (a connection's key), marked as its own."""
+    for item in items:
+        item._origin = database  # type: ignore[attr-defined]
+    return items
+
+
+def items_of(items: Iterable[object], call: str, database: str) -> Items:
+    """The items of ``call`` to ``database`` (a connection's key), checked before anything
+    is sent: TypeError for anything but an OutboxEntry, a SpawnEntry or a DueTimer (a lone
+    item, not in a list, included), ValueError for one read from another database."""
     if isinstance(items, (OutboxEntry, SpawnEntry, DueTimer, str, bytes)):
         raise TypeError(f"{call} takes a list of items, not one {type(items).__name__}")
     checked = Items([], [], [], [])
@@ -103,6 +111,11 @@ def items_of(items: Iterable[object], call: str) -> Items:
             raise TypeError(
                 f"{call} takes OutboxEntry, SpawnEntry and DueTimer items, "
                 f"not {type(item).__name__}: {item!r:.80}"
+            )
+        if item._origin is not None and item._origin != database:
+            raise ValueError(
+                f"{call}: {describe(item)} was read from {item._origin}, not from this "
+                f"store's database ({database}); pass it to a store of the database it came from"
             )
         checked.given.append(item)
     # A seq given twice is one row to the statements (`IN`); a timer given twice would be
@@ -354,17 +367,21 @@ def _add_claim(
     return mark, batch.add(names[1], worker, limit, lease, *timer, max_attempts)
 
 
-def _claimed(kind: DeadKind, results: Sequence[Any], steps: tuple[int | None, int]) -> list[Any]:
+def _claimed(
+    database: str, kind: DeadKind, results: Sequence[Any], steps: tuple[int | None, int]
+) -> list[Any]:
     """What a claim's steps came to: the dead letters it made logged, its rows decoded (a
-    corrupt one logged and left claimed) in the order the claim hands them out."""
+    corrupt one logged and left claimed) in the order the claim hands them out, marked as
+    ``database``'s."""
     (mark_name, _), decode, order = _CLAIMS[kind]
     mark, claim = steps
     if mark is not None:
         log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
-    return sorted(decoded(results[claim], decode), key=order)
+    return stamped(sorted(decoded(results[claim], decode), key=order), database)
 
 
 def _claim(
+    database: str,
     kind: DeadKind,
     worker: str,
     limit: int,
@@ -376,7 +393,7 @@ def _claim(
     seconds = _check_claim(worker, limit, lease, max_attempts)
     batch = Batch()
     steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due)
-    return _claimed(kind, (yield batch), steps)
+    return _claimed(database, kind, (yield batch), steps)
 
 
 def _work_ahead(row: Sequence[Any]) -> WorkAhead:
@@ -410,7 +427,7 @@ class Queues(StoreCore):
         """Undelivered emitted events, oldest first: the first ``limit`` (None: all),
         claimed or not; dead letters are not pending (see `dead_letters`)."""
         rows = yield statement("pending_outbox", _limit(limit))
-        return [outbox_entry(row) for row in rows]
+        return stamped([outbox_entry(row) for row in rows], self._conn.key)
 
     @operation
     def claim_outbox(
@@ -426,14 +443,14 @@ class Queues(StoreCore):
         in the handling commit (``commit(..., acks=...)``); `fail` what was not. One atomic
         write (one round trip remote).
         """
-        return (yield from _claim("outbox", worker, limit, lease, max_attempts))
+        return (yield from _claim(self._conn.key, "outbox", worker, limit, lease, max_attempts))
 
     @operation
     def pending_spawns(self, limit: int | None = None) -> Plan[list[SpawnEntry]]:
         """Child executions still to be created, oldest first: the first ``limit`` (None:
         all), claimed or not; dead letters are not pending."""
         rows = yield statement("pending_spawns", _limit(limit))
-        return [spawn_entry(row) for row in rows]
+        return stamped([spawn_entry(row) for row in rows], self._conn.key)
 
     @operation
     def claim_spawns(
@@ -442,14 +459,14 @@ class Queues(StoreCore):
         """Claim up to ``limit`` pending spawns for ``worker``, oldest first (as
         `claim_outbox`); consume each child created with `ack` or in the child's first
         commit (``commit(child, [], acks=(spawn,))``)."""
-        return (yield from _claim("spawn", worker, limit, lease, max_attempts))
+        return (yield from _claim(self._conn.key, "spawn", worker, limit, lease, max_attempts))
 
     @operation
     def due_timers(self, now: float, limit: int | None = None) -> Plan[list[DueTimer]]:
         """Live timers with ``fire_at <= now``, soonest first: the first ``limit`` (None:
         all), claimed or not."""
         rows = yield statement("due_timers", check_finite(now, "now"), _limit(limit))
-        return [due_timer(row) for row in rows]
+        return stamped([due_timer(row) for row in rows], self._conn.key)
 
     @operation
     def claim_due_timers(
@@ -466,7 +483,7 @@ class Queues(StoreCore):
         ``processed_event_id=timer.event_id`` and ``acks=(timer,)``; re-arming a timer
         drops its claim."""
         due = check_finite(now, "now")
-        return (yield from _claim("timer", worker, limit, lease, max_attempts, due))
+        return (yield from _claim(self._conn.key, "timer", worker, limit, lease, max_attempts, due))
 
     @operation
     def peek_work(self, now: float) -> Plan[WorkAhead]:
@@ -503,7 +520,8 @@ class Queues(StoreCore):
         steps = {k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due) for k in wanted}
         ahead = batch.add("work_ahead", due)
         results = yield batch
-        claimed = {k: _claimed(k, results, step) for k, step in steps.items()}
+        key = self._conn.key
+        claimed = {k: _claimed(key, k, results, step) for k, step in steps.items()}
         return ClaimedWork(
             claimed.get("outbox", []),
             claimed.get("spawn", []),
@@ -518,13 +536,14 @@ class Queues(StoreCore):
         were removed (an item already gone counts 0). A timer goes only while it is still
         armed at its ``fire_at`` (a re-armed one is spared). TypeError for anything else,
         nothing written."""
-        return (yield from self._each(items_of(items, "ack"), "ack"))
+        return (yield from self._each(items_of(items, "ack", self._conn.key), "ack"))
 
     @operation
     def _ack_held(self, worker: str, items: Iterable[RelayItem]) -> Plan[int]:
         """A relay's own ack: `ack` of the items ``worker`` still holds. One its handler
         consumed, re-armed or revived, or that another worker claimed since, is spared."""
-        return (yield from self._each(items_of(items, "ack"), "ack_held", worker=worker))
+        checked = items_of(items, "ack", self._conn.key)
+        return (yield from self._each(checked, "ack_held", worker=worker))
 
     @operation
     def ack_outbox(self, seq: int) -> Plan[None]:
@@ -555,7 +574,7 @@ class Queues(StoreCore):
         nobody meanwhile). Rows it does not hold are left alone. Returns how many rows it
         updated. The attempt was counted by the claim."""
         check_id(worker, "worker")
-        checked = items_of(items, "fail")
+        checked = items_of(items, "fail", self._conn.key)
         text, delay = error_text(error), check_delay(retry_in, "retry_in")
         return (yield from self._each(checked, "fail", text, delay, worker=worker))
 
@@ -567,7 +586,7 @@ class Queues(StoreCore):
         items ``worker`` still holds; return those items, in the order given (the others
         it lost: their lease ran out, or they were acked, revived or re-armed)."""
         check_id(worker, "worker")
-        checked = items_of(items, "extend")
+        checked = items_of(items, "extend", self._conn.key)
         seconds = check_timeout(lease, "lease")
         batch = Batch()
         steps = add_each(batch, checked, "extend", seconds, worker=worker)
@@ -580,7 +599,7 @@ class Queues(StoreCore):
     def revive(self, items: Iterable[RelayItem]) -> Plan[int]:
         """Give items (dead letters or live rows) a fresh start: attempts 0, no claim,
         claimable at once. Returns how many rows it updated."""
-        checked = items_of(items, "revive")
+        checked = items_of(items, "revive", self._conn.key)
         revived = yield from self._each(checked, "revive")
         self._notify(_kinds(checked))
         return revived
@@ -591,7 +610,7 @@ class Queues(StoreCore):
         one it still holds is claimable at once, its claim's attempt given back. Returns how
         many rows it updated."""
         check_id(worker, "worker")
-        checked = items_of(items, "release")
+        checked = items_of(items, "release", self._conn.key)
         released = yield from self._each(checked, "release", worker=worker)
         self._notify(_kinds(checked))
         return released
@@ -611,7 +630,7 @@ class Queues(StoreCore):
     def attempts_of(self, items: Iterable[RelayItem]) -> Plan[list[int]]:
         """How many times each item was claimed (0: it is gone, or a timer re-armed since),
         in the order given; one read. A relay's backoff grows with it."""
-        checked = items_of(items, "attempts_of")
+        checked = items_of(items, "attempts_of", self._conn.key)
         if not checked.given:
             return []
         timers = json.dumps([[execution_id, path] for execution_id, path, _ in checked.timers])
@@ -628,7 +647,9 @@ class Queues(StoreCore):
         if kind is not None and kind not in DEAD_KINDS:
             raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)} or None, not {kind!r}")
         rows = yield statement("dead_letters", _page(limit), kind)
-        return decoded(rows, dead_letter, "skipped")
+        letters = decoded(rows, dead_letter, "skipped")
+        stamped([letter.item for letter in letters], self._conn.key)
+        return letters
 
     @operation
     def dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[DeadLetter | None]:
@@ -638,7 +659,11 @@ class Queues(StoreCore):
         if keyed is None:
             return None
         found = yield statement(*keyed)
-        return None if found is None else dead_letter(found)
+        if found is None:
+            return None
+        letter = dead_letter(found)
+        stamped([letter.item], self._conn.key)
+        return letter
 
     @operation
     def discard_dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[bool]:
