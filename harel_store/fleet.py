@@ -25,11 +25,13 @@ from harel_store.checks import (
     check_finite,
     check_id,
     check_text,
+    check_timeout,
     check_trace_max,
     decode_cursor,
     encode_cursor,
 )
 from harel_store.connection import parse_database
+from harel_store.connection.local import check_local_options
 from harel_store.core import _page
 from harel_store.errors import StoreError
 from harel_store.models import STATUSES, ExecutionPage, ExecutionSummary
@@ -84,7 +86,10 @@ class _Fleet:
             if per:
                 raise TypeError(f"a fleet takes no {per[0]}: it is one database's, not all of them")
             raise TypeError(f"unknown option {unknown[0]!r} (LibsqlStore's: {sorted(_OPTIONS)})")
+        # The options' values, checked as each store will check them, before any is opened.
         check_trace_max(options.get("trace_max"))
+        check_timeout(options.get("timeout", 30.0), "timeout")
+        check_local_options(options.get("synchronous", "FULL"), options.get("busy_timeout", 5.0))
         for name, database in databases.items():
             check_id(name, "database name")
             db = parse_database(database, auth_token)  # no I/O: its grammar only

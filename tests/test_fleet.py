@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,8 @@ def test_a_fifth_database_moves_only_the_roots_it_wins(tmp_path: Path) -> None:
     four = Fleet(files(tmp_path, ("a", "b", "c", "d")))
     five = Fleet(files(tmp_path, ("a", "b", "c", "d", "e")))
     roots = [f"order-{i}" for i in range(10_000)]
+    shares = Counter(four.route(r) for r in roots)
+    assert all(0.2 <= n / len(roots) <= 0.3 for n in shares.values()), shares  # even
     moved = [r for r in roots if four.route(r) != five.route(r)]
     assert 0.15 <= len(moved) / len(roots) <= 0.25
     assert {five.route(r) for r in moved} == {"e"}  # nothing moves between the old four
@@ -159,6 +162,9 @@ def test_one_store_per_database_however_many_threads_ask(tmp_path: Path) -> None
         ({"a": "x.db"}, {"colour": "red"}, TypeError, "unknown option"),
         ({"a": "x.db"}, {"trace_max": -1}, ValueError, "trace_max"),
         ({"a": "x.db"}, {"auth_token": 7}, TypeError, "auth_token"),
+        ({"a": "x.db"}, {"timeout": 0}, ValueError, "timeout"),
+        ({"a": "x.db"}, {"synchronous": "SOMETIMES"}, ValueError, "synchronous"),
+        ({"a": "x.db"}, {"busy_timeout": -1}, ValueError, "busy_timeout"),
     ],
 )
 def test_bad_fleets_are_refused_at_once(
@@ -249,25 +255,41 @@ def shown(listed: list[ExecutionPage]) -> list[tuple[list[dict[str, Any]], str |
     ]
 
 
+async def apages(
+    databases: dict[str, str], limit: int, arguments: dict[str, Any]
+) -> list[ExecutionPage]:
+    """Every page of an AsyncFleet's listing."""
+    out = []
+    async with AsyncFleet(databases) as fleet:
+        cursor = None
+        while True:
+            page = await fleet.list_executions(limit=limit, cursor=cursor, **arguments)
+            out.append(page)
+            if (cursor := page.next_cursor) is None:
+                return out
+
+
 @pytest.fixture
-def fleet_and_one(tmp_path: Path) -> Iterator[tuple[Fleet, LibsqlStore]]:
+def fleet_and_one(tmp_path: Path) -> Iterator[tuple[Fleet, LibsqlStore, dict[str, str]]]:
     with Fleet(files(tmp_path)) as fleet, LibsqlStore(str(tmp_path / "one.db")) as one:
         stores = [one, *(fleet.store(name) for name in fleet.names)]
         populate(stores, fleet.store_for)
-        yield fleet, one
+        yield fleet, one, files(tmp_path)
 
 
 @pytest.mark.parametrize("arguments", LISTINGS, ids=lambda a: ",".join(a) or "by-id")
 def test_the_fleet_lists_as_one_store_holding_every_row(
-    fleet_and_one: tuple[Fleet, LibsqlStore], arguments: dict[str, Any]
+    fleet_and_one: tuple[Fleet, LibsqlStore, dict[str, str]], arguments: dict[str, Any]
 ) -> None:
-    fleet, one = fleet_and_one
+    fleet, one, databases = fleet_and_one
     assert all(fleet.store(n).list_executions().items for n in fleet.names)  # rows everywhere
     for limit in (1, 7, 200):
         theirs = pages(fleet.list_executions, limit, **arguments)
         ours = pages(one.list_executions, limit, **arguments)
         # the same rows, the same page breaks, the very same cursors
         assert shown(theirs) == shown(ours)
+    theirs = asyncio.run(apages(databases, 7, arguments))  # the async fleet: the same
+    assert shown(theirs) == shown(pages(one.list_executions, 7, **arguments))
     assert sum(len(p.items) for p in ours) > 0
 
 
