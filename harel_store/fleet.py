@@ -99,18 +99,28 @@ class _Fleet:
                     "give a file or a server"
                 )
         self._databases = dict(databases)
-        self.names: list[str] = sorted(self._databases)
+        self._names = sorted(self._databases)
         self._route = route
         self._auth_token = auth_token
         self._options = options
         self._closed = False
 
+    @property
+    def names(self) -> list[str]:
+        """The names of the fleet's databases, sorted."""
+        return list(self._names)
+
     def __repr__(self) -> str:  # the names only: a database's URL may carry a token
-        return f"{type(self).__name__}({self.names!r})"
+        return f"{type(self).__name__}({self._names!r})"
+
+    def _shown(self) -> str:
+        """The fleet's names for a message: the first few of a large fleet."""
+        shown = ", ".join(self._names[:10])
+        return shown if len(self._names) <= 10 else f"{shown}, ... ({len(self._names)} in all)"
 
     def _known(self, name: object) -> str:
         if not isinstance(name, str) or name not in self._databases:
-            raise ValueError(f"no database named {name!r:.80} in the fleet (names: {self.names})")
+            raise ValueError(f"no database named {name!r:.80} in the fleet ({self._shown()})")
         if self._closed:
             raise StoreError("the fleet is closed")
         return name
@@ -121,12 +131,12 @@ class _Fleet:
         rendezvous hashing of the id's root key (before its first ``"."``)."""
         check_id(execution_id, "execution_id")
         if self._route is None:
-            return rendezvous(self.names, execution_id)
+            return rendezvous(self._names, execution_id)
         name = self._route(execution_id)
         if not isinstance(name, str) or name not in self._databases:
             raise ValueError(
                 f"route({execution_id!r:.80}) gave {name!r:.80}, not a database of the fleet"
-                f" (names: {self.names})"
+                f" ({self._shown()})"
             )
         return name
 
@@ -222,7 +232,7 @@ class Fleet(_Fleet):
     ) -> None:
         super().__init__(databases, route=route, auth_token=auth_token, **options)
         self._stores: dict[str, LibsqlStore] = {}
-        self._locks = {name: threading.Lock() for name in self.names}
+        self._locks = {name: threading.Lock() for name in self._names}
         self._lock = threading.Lock()  # the pool and closing
         self._pool: ThreadPoolExecutor | None = None
 
@@ -279,10 +289,10 @@ class Fleet(_Fleet):
         def page(name: str) -> ExecutionPage:
             return self.store(name).list_executions(**arguments)
 
-        if len(self.names) == 1:
-            pages = [page(self.names[0])]
+        if len(self._names) == 1:
+            pages = [page(self._names[0])]
         else:
-            pages = list(self._threads().map(page, self.names))
+            pages = list(self._threads().map(page, self._names))
         return _merged(pages, limit, order)
 
     def _threads(self) -> ThreadPoolExecutor:
@@ -290,7 +300,7 @@ class Fleet(_Fleet):
             if self._closed:
                 raise StoreError("the fleet is closed")
             if self._pool is None:
-                workers = min(len(self.names), _MOST_THREADS)
+                workers = min(len(self._names), _MOST_THREADS)
                 self._pool = ThreadPoolExecutor(workers, thread_name_prefix="harel-fleet")
             return self._pool
 
@@ -398,7 +408,7 @@ class AsyncFleet(_Fleet):
         async def page(name: str) -> ExecutionPage:
             return await (await self.store(name)).list_executions(**arguments)
 
-        pages = await asyncio.gather(*(page(name) for name in self.names))
+        pages = await asyncio.gather(*(page(name) for name in self._names))
         return _merged(list(pages), limit, order)
 
     async def close(self) -> None:

@@ -49,6 +49,8 @@ def files(tmp_path: Path, names: tuple[str, ...] = NAMES) -> dict[str, str]:
 def test_the_route_is_rendezvous_hashing_of_the_root_key(tmp_path: Path) -> None:
     fleet = Fleet(files(tmp_path))
     assert fleet.names == sorted(NAMES)
+    fleet.names.append("west")  # a copy: the fleet is as it was
+    assert fleet.names == sorted(NAMES)
     ids = [f"order-{i}" for i in range(300)]
     for eid in ids:
         assert fleet.route(eid) == expected_route(fleet.names, eid)
