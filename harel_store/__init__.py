@@ -10,6 +10,7 @@ from harel_store.errors import (
     StoreConflict,
     StoreError,
 )
+from harel_store.fleet import AsyncFleet, Fleet
 from harel_store.models import (
     ArmedTimer,
     ClaimedWork,
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_TRACE_MAX",
     "HEAD",
     "ArmedTimer",
+    "AsyncFleet",
     "AsyncLibsqlStore",
     "AsyncRelay",
     "ClaimedWork",
@@ -48,6 +50,7 @@ __all__ = [
     "Execution",
     "ExecutionPage",
     "ExecutionSummary",
+    "Fleet",
     "LibsqlStore",
     "OutboxEntry",
     "OutcomeUnknown",

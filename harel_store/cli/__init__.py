@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from harel_store import __version__
-from harel_store.cli import dead, demo, executions, gc, metrics, relays, schema, status
-from harel_store.cli.common import Command
+from harel_store.cli import dead, demo, executions, fleet, gc, metrics, relays, schema, status
+from harel_store.cli.common import Command, limit
 from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
 
@@ -42,6 +42,10 @@ The database is --url, else $HAREL_DATABASE_URL, else $TURSO_DATABASE_URL, else 
 ws(s)://, or Alembic's sqlite+libsql:// form. The auth token for a remote database comes
 from $HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN (or authToken= in the URL); never printed.
 
+--fleet FILE runs migrate, status, schema --check, gc or ls on every database FILE names
+(one "NAME DATABASE" per line, # comments), --jobs at once (default 4): each database's
+output under its name, then a summary; the exit status is the worst of them.
+
 examples:
   {PROG} demo
   {PROG} migrate --url state.db
@@ -51,6 +55,7 @@ examples:
   {PROG} outbox --limit 20
   {PROG} status --check --max-outbox-age 60s
   {PROG} gc --finished-older-than 90d --markers-older-than 30d --dry-run
+  {PROG} --fleet fleet.txt status --check
 
 exit codes: 0 ok, 1 failure, 2 usage error
 """
@@ -66,6 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog=PROG, description=TOP_HELP, formatter_class=raw)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument(
+        "--fleet",
+        metavar="FILE",
+        help="run the command on every database of FILE (one NAME DATABASE per line)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=limit,
+        metavar="N",
+        help=f"with --fleet: how many databases at once (default {fleet.JOBS})",
+    )
     common = _Parser(add_help=False)
     where = common.add_argument_group("database")
     where.add_argument(
@@ -90,12 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)  # usage errors exit 2 here
     # libsql's replica client logs INFO lines (in colour) to stdout unless RUST_LOG is set,
     # which would corrupt piped output; failures reach us as exceptions anyway.
     os.environ.setdefault("RUST_LOG", "off")
     run: Callable[[argparse.Namespace], int] = args.run
     try:
+        if args.fleet is not None:
+            return fleet.run(args, argv)
+        if args.jobs is not None:
+            raise ValueError("--jobs is for --fleet: how many of its databases at once")
         return run(args)
     except (Failure, StoreError) as exc:  # SchemaError says to run `harel-store migrate`
         return fail(str(exc), 1)

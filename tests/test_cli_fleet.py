@@ -1,0 +1,149 @@
+"""``harel-store --fleet FILE COMMAND``: every database of a fleet file, several at once, one
+failing without stopping the others, the worst exit status, no token shown (issue 39)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from harel_store import HEAD, Execution, Fleet
+from tests.test_cli import cli
+
+SECRET = "fleet-secret-" + "k" * 24  # a token the server refuses
+
+
+def lines_of(
+    result: subprocess.CompletedProcess[str], name: str, stream: str = "stdout"
+) -> list[str]:
+    text = result.stdout if stream == "stdout" else result.stderr
+    return [line[len(name) + 2 :] for line in text.splitlines() if line.startswith(f"{name}: ")]
+
+
+def no_secret(result: subprocess.CompletedProcess[str], *secrets: str) -> None:
+    for secret in (SECRET, *secrets):
+        assert secret not in result.stdout and secret not in result.stderr
+
+
+def write_fleet(path: Path, entries: dict[str, str]) -> Path:
+    body = ["# the fleet of this test", ""]
+    body += [f"{name}   {database}" for name, database in entries.items()]
+    path.write_text("\n".join(body) + "\n\n  # the end\n")
+    return path
+
+
+def test_migrate_runs_on_every_database_past_a_broken_one(tmp_path: Path, sqld: Any) -> None:
+    files = {name: str(tmp_path / f"{name}.db") for name in ("a", "b", "c")}
+    fleet = write_fleet(
+        tmp_path / "fleet.txt",
+        {
+            **files,
+            "broken": str(tmp_path / "no-such-dir" / "x.db"),
+            "refused": f"{sqld.url}?authToken={SECRET}",
+            "server": sqld.url,  # its token from the environment, as for --url
+        },
+    )
+    env = {"HAREL_AUTH_TOKEN": sqld.token}
+    result = cli("--fleet", str(fleet), "--jobs", "3", "migrate", env=env)
+    assert result.returncode == 1, result.stderr
+    no_secret(result, sqld.token)
+    for name, path in files.items():
+        assert lines_of(result, name) == [f"{path}: schema at revision {HEAD} (head {HEAD})"]
+        assert Path(path).exists()
+    assert lines_of(result, "server") == [f"{sqld.url}: schema at revision {HEAD} (head {HEAD})"]
+    assert "cannot be opened or created" in lines_of(result, "broken", "stderr")[-1]
+    assert "refused" in result.stderr and "***" not in result.stdout
+    summary = result.stdout.splitlines()[-1]
+    assert summary == (
+        "harel-store migrate: 6 databases, 4 ok, 2 failed:"
+        " broken (exit status 1), refused (exit status 1)"
+    )
+
+    # run again once the broken one is mended: it picks up where it stopped
+    (tmp_path / "no-such-dir").mkdir()
+    write_fleet(fleet, {**files, "broken": str(tmp_path / "no-such-dir" / "x.db")})
+    again = cli("--fleet", str(fleet), "migrate")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "harel-store migrate: 4 databases, 4 ok, 0 failed"
+    checked = cli("--fleet", str(fleet), "schema", "--check")
+    assert checked.returncode == 0, checked.stderr
+    assert len(checked.stdout.splitlines()) == 5  # a line per database, then the summary
+
+
+def test_status_check_gc_and_ls_over_a_fleet(tmp_path: Path) -> None:
+    databases = {name: str(tmp_path / f"{name}.db") for name in ("east", "west")}
+    with Fleet(databases) as fleet:
+        for i in range(6):
+            exe = Execution(id=f"order-{i}", definition_id="order", status="finished")
+            fleet.store_for(exe.id).save(exe)
+        placed = {
+            name: [s.id for s in fleet.store(name).list_executions().items] for name in fleet.names
+        }
+    assert all(placed.values())
+    fleet_file = write_fleet(tmp_path / "fleet.txt", databases)
+
+    status = cli("--fleet", str(fleet_file), "status", "--check")
+    assert status.returncode == 0, status.stderr
+    for name in databases:
+        assert f"{len(placed[name])} total" in "\n".join(lines_of(status, name))
+
+    listed = cli("--fleet", str(fleet_file), "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    docs = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sorted(d["database"] for d in docs) == ["east", "west"]
+    for doc in docs:
+        assert doc["exit_status"] == 0
+        assert [item["id"] for item in doc["output"]] == placed[doc["database"]]
+    assert "2 databases, 2 ok, 0 failed" in listed.stderr  # the summary, off the JSON
+
+    gc = cli("--fleet", str(fleet_file), "gc", "--finished-older-than", "1d", "--dry-run")
+    assert gc.returncode == 0, gc.stderr
+    for name in databases:
+        assert lines_of(gc, name) == ["would remove 0 executions"]
+
+    # one database behind head: its check fails, the other's still runs; the worst status
+    cli("migrate", "--to", "0001", "--url", databases["west"])
+    behind = cli("--fleet", str(fleet_file), "status", "--check")
+    assert behind.returncode == 1
+    assert lines_of(behind, "east")  # printed its status
+    assert f"schema: at revision 0001, behind head {HEAD}" in behind.stderr
+    assert behind.stdout.splitlines()[-1].endswith("1 failed: west (exit status 1)")
+
+
+def test_bad_fleet_files_and_usage(tmp_path: Path) -> None:
+    good = write_fleet(tmp_path / "good.txt", {"a": str(tmp_path / "a.db")})
+    cases = [
+        (
+            "three.txt",
+            f"a {tmp_path / 'a.db'} http://h:1?authToken={SECRET}\n",
+            "line 1: expected NAME DATABASE",
+        ),
+        ("twice.txt", "a x.db\n# c\na y.db\n", "line 3: the name 'a' is given twice"),
+        ("memory.txt", "a :memory:\n", ":memory:"),
+        ("scheme.txt", f"a ftp://h/x?authToken={SECRET}\n", "unknown scheme"),
+        ("empty.txt", "# nothing\n\n", "at least one database"),
+    ]
+    for file_name, body, message in cases:
+        path = tmp_path / file_name
+        path.write_text(body)
+        result = cli("--fleet", str(path), "status")
+        assert result.returncode == 2, (file_name, result.stderr)
+        assert message in result.stderr, (file_name, result.stderr)
+        no_secret(result)
+    for args, message in [
+        (["--fleet", str(good), "show", "x"], "--fleet runs migrate, status, schema, gc, ls"),
+        (["--fleet", str(good), "schema"], "schema takes --check"),
+        (["--fleet", str(good), "migrate", "--sql"], "no --sql"),
+        (["--fleet", str(good), "status", "--url", "x.db"], "no --url"),
+        (["--jobs", "2", "status"], "--jobs is for --fleet"),
+        (["--fleet", str(good), "--jobs", "0", "status"], "at least 1"),
+    ]:
+        result = cli(*args, cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+    missing = cli("--fleet", str(tmp_path / "nope.txt"), "status")
+    assert missing.returncode == 1 and "cannot read the fleet file" in missing.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["good.txt", *(c[0] for c in cases)]
+    )  # no database was made
