@@ -20,6 +20,10 @@ retries, and looks every ``poll`` seconds in case a signal was missed.
 Delivery is at least once: a handler should consume its item in the commit that handles
 it (``commit(..., processed_event_id=..., acks=(item,))``), which makes a repeat after a
 lost lease harmless.
+
+Over a fleet (`Fleet`, `AsyncFleet`), a relay runs one such loop per database (a thread
+each; a task each for `AsyncRelay`), with the same handlers and options: each loop is woken
+by its own database, and acks, fails, extends and releases in the database it claimed from.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from harel_store.aio import AsyncLibsqlStore
 from harel_store.batch import settle
 from harel_store.checks import check_finite, check_id, check_max_attempts, check_timeout
 from harel_store.errors import StoreConflict, StoreError
+from harel_store.fleet import AsyncFleet, Fleet
 from harel_store.models import (
     ClaimedWork,
     DeadKind,
@@ -270,11 +275,14 @@ class Relay:
     counted. ``poll``: the longest an idle relay waits before it looks at the database
     anyway (it is woken sooner by any process's commit, and by its soonest timer).
     ValueError/TypeError for bad arguments, before anything runs.
+
+    Over a `Fleet`: one loop per database of the fleet, each in a thread of its own (a
+    database is opened when its loop starts), the rounds of each acking in its own database.
     """
 
     def __init__(
         self,
-        store: Store,
+        store: Store | Fleet,
         worker: str,
         *,
         on_outbox: Callable[[OutboxEntry], object] | None = None,
@@ -286,19 +294,30 @@ class Relay:
         backoff: tuple[float, float] = (1.0, 300.0),
         poll: float = 1.0,
     ) -> None:
-        if not isinstance(store, Store):
-            raise TypeError(f"Relay runs over a LibsqlStore or SqliteStore, not {store!r:.60}")
+        if not isinstance(store, (Store, Fleet)):
+            raise TypeError(
+                f"Relay runs over a LibsqlStore, a SqliteStore or a Fleet, not {store!r:.60}"
+            )
         handlers: dict[DeadKind, Any] = {"outbox": on_outbox, "spawn": on_spawn, "timer": on_timer}
         self._o: _Options[Callable[[Any], object]] = _Options(
             worker, handlers, batch, lease, max_attempts, backoff, poll
         )
-        self._store = store
+        self._fleet = store if isinstance(store, Fleet) else None
+        if not isinstance(store, Fleet):
+            self._store = store
+        # Over a fleet: each database's relay, made with these arguments once it is opened.
+        self._loops: dict[str, Relay] = {}
+        self._arguments = {
+            **{f"on_{kind}": handler for kind, handler in handlers.items()},
+            **dict(batch=batch, lease=lease, max_attempts=max_attempts, backoff=backoff),
+            "poll": poll,
+        }
         self._stopping = threading.Event()
         self._running = threading.Lock()
         self._waiter: Waiter | None = None  # while run() runs
 
     def __repr__(self) -> str:
-        return f"Relay({self._store!r}, {self._o.worker!r})"
+        return f"Relay({self._fleet or self._store!r}, {self._o.worker!r})"
 
     def stop(self) -> None:
         """Make `run` (or the round under way) return after the item in hand (acked if its
@@ -307,6 +326,54 @@ class Relay:
         self._stopping.set()
         if (waiter := self._waiter) is not None:
             waiter.set()
+        for loop in list(self._loops.values()):
+            loop.stop()
+
+    def _loop(self, fleet: Fleet, name: str) -> Relay:
+        """The relay of the fleet's database ``name`` (opened now, if it was not)."""
+        loop = self._loops.get(name)
+        if loop is None:
+            loop = Relay(fleet.store(name), self._o.worker, **self._arguments)
+            self._loops[name] = loop
+            if self._stopping.is_set():
+                loop.stop()
+        return loop
+
+    def _run_fleet(self, fleet: Fleet) -> None:
+        """`run` over a fleet: a loop per database in a thread of its own until `stop`. A
+        database that cannot be opened is tried again after ``poll``; an interrupt in any
+        loop stops them all and goes on from here."""
+        ended: list[BaseException] = []
+
+        def serve(name: str) -> None:
+            while not self._stopping.is_set():
+                try:
+                    loop = self._loop(fleet, name)
+                except StoreError as exc:
+                    log.warning("relay %s: database %s: %s", self._o.worker, name, exc)
+                    self._stopping.wait(self._o.poll)
+                    continue
+                try:
+                    loop.run()
+                except BaseException as exc:  # a handler's interrupt, say: all stop
+                    ended.append(exc)
+                    self.stop()
+                return
+
+        threads = [
+            threading.Thread(target=serve, args=(name,), name=f"harel-relay-{name}", daemon=True)
+            for name in fleet.names
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            self._stopping.wait()
+        finally:
+            self.stop()
+            for thread in threads:
+                thread.join()
+        if ended:
+            raise ended[0]
 
     def run(self) -> None:
         """Run rounds until `stop`. Between them, wait for work: woken by any process's
@@ -317,6 +384,8 @@ class Relay:
         if not self._running.acquire(blocking=False):
             raise RuntimeError(f"{self!r} is running already: one run() at a time")
         try:
+            if self._fleet is not None:
+                return self._run_fleet(self._fleet)
             self._waiter = waiter = self._store._waiter()
             schedule = _Schedule(self._o.handlers, self._o.poll)
             try:
@@ -342,8 +411,11 @@ class Relay:
 
     def run_once(self) -> int:
         """One round: claim (every kind), handle, ack, fail, release. Returns how many items
-        were handled (their handler returned or raised)."""
+        were handled (their handler returned or raised). Over a fleet: a round in each
+        database, one after another."""
         self._stopping.clear()
+        if (fleet := self._fleet) is not None:
+            return sum(self._loop(fleet, name).run_once() for name in fleet.names)
         return self._round(_Schedule(self._o.handlers, self._o.poll), self._o.handlers)
 
     def _round(self, schedule: _Schedule, kinds: Collection[DeadKind]) -> int:
@@ -438,11 +510,14 @@ AsyncHandler = Callable[[Any], Awaitable[object]]
 
 class AsyncRelay:
     """Async version of `Relay`, over an `AsyncLibsqlStore`, with coroutine handlers: up to
-    ``concurrency`` of them in flight at once. `stop` may be called from any thread."""
+    ``concurrency`` of them in flight at once. `stop` may be called from any thread.
+
+    Over an `AsyncFleet`: one loop per database of the fleet, each a task of its own (with
+    its own ``concurrency``)."""
 
     def __init__(
         self,
-        store: AsyncLibsqlStore,
+        store: AsyncLibsqlStore | AsyncFleet,
         worker: str,
         *,
         on_outbox: Callable[[OutboxEntry], Awaitable[object]] | None = None,
@@ -455,8 +530,10 @@ class AsyncRelay:
         poll: float = 1.0,
         concurrency: int = 16,
     ) -> None:
-        if not isinstance(store, AsyncLibsqlStore):
-            raise TypeError(f"AsyncRelay runs over an AsyncLibsqlStore, not {store!r:.60}")
+        if not isinstance(store, (AsyncLibsqlStore, AsyncFleet)):
+            raise TypeError(
+                f"AsyncRelay runs over an AsyncLibsqlStore or an AsyncFleet, not {store!r:.60}"
+            )
         handlers: dict[DeadKind, Any] = {"outbox": on_outbox, "spawn": on_spawn, "timer": on_timer}
         self._o: _Options[AsyncHandler] = _Options(
             worker, handlers, batch, lease, max_attempts, backoff, poll
@@ -466,7 +543,15 @@ class AsyncRelay:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, not {concurrency}")
         self._concurrency = concurrency
-        self._store = store
+        self._fleet = store if isinstance(store, AsyncFleet) else None
+        if not isinstance(store, AsyncFleet):
+            self._store = store
+        self._loops: dict[str, AsyncRelay] = {}  # over a fleet: as Relay's
+        self._arguments = {
+            **{f"on_{kind}": handler for kind, handler in handlers.items()},
+            **dict(batch=batch, lease=lease, max_attempts=max_attempts, backoff=backoff),
+            **dict(poll=poll, concurrency=concurrency),
+        }
         self._stopping = threading.Event()
         self._running = False
         self._waiter: Waiter | None = None
@@ -474,13 +559,49 @@ class AsyncRelay:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # by execution: lock, users
 
     def __repr__(self) -> str:
-        return f"AsyncRelay({self._store!r}, {self._o.worker!r})"
+        return f"AsyncRelay({self._fleet or self._store!r}, {self._o.worker!r})"
 
     def stop(self) -> None:
         """Async version of `Relay.stop` (a plain call, from any thread or a handler)."""
         self._stopping.set()
         if (waiter := self._waiter) is not None:
             waiter.set()
+        for loop in list(self._loops.values()):
+            loop.stop()
+
+    async def _loop(self, fleet: AsyncFleet, name: str) -> AsyncRelay:
+        """As `Relay._loop`."""
+        loop = self._loops.get(name)
+        if loop is None:
+            loop = AsyncRelay(await fleet.store(name), self._o.worker, **self._arguments)
+            loop = self._loops.setdefault(name, loop)  # another task may have made it
+            if self._stopping.is_set():
+                loop.stop()
+        return loop
+
+    async def _run_fleet(self, fleet: AsyncFleet) -> None:
+        """`run` over a fleet: a task per database until `stop` (as `Relay._run_fleet`); a
+        cancellation, or an error that ends one, ends them all."""
+
+        async def serve(name: str) -> None:
+            while not self._stopping.is_set():
+                try:
+                    loop = await self._loop(fleet, name)
+                except StoreError as exc:
+                    log.warning("relay %s: database %s: %s", self._o.worker, name, exc)
+                    await asyncio.sleep(self._o.poll)
+                    continue
+                await loop.run()
+                return
+
+        tasks = [asyncio.ensure_future(serve(name)) for name in fleet.names]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self.stop()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run(self) -> None:
         """Async version of `Relay.run`. Rounds overlap: what comes while a round's
@@ -488,6 +609,13 @@ class AsyncRelay:
         of them in their handlers)."""
         if self._running:
             raise RuntimeError(f"{self!r} is running already: one run() at a time")
+        if self._fleet is not None:
+            self._running = True
+            try:
+                return await self._run_fleet(self._fleet)
+            finally:
+                self._stopping.clear()
+                self._running = False
         self._running = True
         rounds: set[asyncio.Task[int]] = set()
         slots = asyncio.Semaphore(self._concurrency)  # shared by the rounds in flight
@@ -539,8 +667,12 @@ class AsyncRelay:
 
     async def run_once(self) -> int:
         """Async version of `Relay.run_once`: one claim of every kind, then up to
-        ``concurrency`` handlers in flight."""
+        ``concurrency`` handlers in flight. Over a fleet: a round in each database, at
+        once."""
         self._stopping.clear()
+        if (fleet := self._fleet) is not None:
+            loops = [await self._loop(fleet, name) for name in fleet.names]
+            return sum(await asyncio.gather(*(loop.run_once() for loop in loops)))
         schedule = _Schedule(self._o.handlers, self._o.poll)
         items = (await self._claim(schedule, self._o.handlers)).items()
         if not items:
