@@ -127,8 +127,18 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "fsync + fdatasync calls a commit, 32 tasks, FULL (strace)",
         "smoke run, JSON not written",
     ),
+    "fleet": (
+        "1. commits/s of one process, 32 tasks a database, 20 ms link",
+        "4 primaries / 1",
+        "4 primaries: client CPU a commit",
+        "4 databases / 1",
+        "by id: fleet / one store",
+        "newest first: fleet / one store",
+        "share moved",
+        "smoke run, JSON not written",
+    ),
 }
-SERVED = {"http_client", "remote", "relays", "engine"}  # start their own sqld
+SERVED = {"http_client", "remote", "relays", "engine", "fleet"}  # start their own sqld
 
 
 @pytest.mark.parametrize(
