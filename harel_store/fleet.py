@@ -15,7 +15,7 @@ import asyncio
 import hashlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,14 @@ class _Fleet:
         check_trace_max(options.get("trace_max"))
         check_timeout(options.get("timeout", 30.0), "timeout")
         check_local_options(options.get("synchronous", "FULL"), options.get("busy_timeout", 5.0))
+        # A remote database is read in a thread of its own (its wait on the server is the
+        # cost); local files one after another (libsql holds the GIL through a statement).
+        self._remote: set[str] = set()
         for name, database in databases.items():
             check_id(name, "database name")
             db = parse_database(database, auth_token)  # no I/O: its grammar only
+            if db.local is None:
+                self._remote.add(name)
             if db.local == ":memory:":
                 raise ValueError(
                     f"database {name!r} is :memory:, which no other connection can see: "
@@ -192,22 +197,54 @@ def _listing(
     return arguments, order
 
 
-def _merged(pages: list[ExecutionPage], limit: int, order: str) -> ExecutionPage:
-    """One page of every database's pages (each in ``order``, each read after the same
-    cursor): their rows in that order, cut to ``limit``, and the cursor of its last row."""
-    rows = [item for page in pages for item in page.items]
-    if order == "id":
-        rows.sort(key=lambda s: s.id)
-    elif order == "oldest":  # a time window: every row has its time
-        rows.sort(key=lambda s: (s.updated_at, s.id))
-    else:  # newest first; the rows without a time last, by id descending
-        rows.sort(key=_newest, reverse=True)
-    more = len(rows) > limit or any(page.next_cursor is not None for page in pages)
-    items = rows[:limit]
-    if not more or not items:
+Reads = dict[str, dict[str, Any]]  # a database's name: the arguments of its listing
+
+
+def _paged(
+    names: list[str], arguments: dict[str, Any], order: str
+) -> Generator[Reads, dict[str, ExecutionPage], ExecutionPage]:
+    """A fleet's page, as a plan the sync and the async fleet drive alike: it yields the
+    listings to read (by database) and is sent their pages, until it returns the page.
+
+    Each database is first asked for its share of the page and a quarter more (rehashed
+    ids spread evenly, so one read each, almost always), not for the whole page: every row
+    read costs (decoded into a summary). The rows up to the earliest last row of the
+    databases that have more are known to be every row there is up to that point; when
+    they fall short of the page, those databases are read on past their last row."""
+    limit = arguments["limit"]
+    share = min(limit, -(-limit * 5 // (4 * len(names))) + 1)
+    asked = {name: {**arguments, "limit": share} for name in names}
+    rows: dict[str, list[ExecutionSummary]] = {name: [] for name in names}
+    after: dict[str, str | None] = {}
+    while True:
+        pages = yield asked
+        for name, page in pages.items():
+            rows[name] += page.items
+            after[name] = page.next_cursor
+        merged = _sorted([row for found in rows.values() for row in found], order)
+        more = [name for name in names if after[name] is not None]
+        known = merged
+        if more:
+            place = {id(row): i for i, row in enumerate(merged)}
+            known = merged[: min(place[id(rows[name][-1])] for name in more) + 1]
+        if len(known) >= limit or not more:
+            break
+        need = max(limit - len(known), share)
+        asked = {name: {**arguments, "limit": need, "cursor": after[name]} for name in more}
+    items = known[:limit]
+    if not items or (len(known) <= limit and not more):
         return ExecutionPage(items=items)
     last = items[-1]
     return ExecutionPage(items=items, next_cursor=encode_cursor(last.id, order, last.updated_at))
+
+
+def _sorted(rows: list[ExecutionSummary], order: str) -> list[ExecutionSummary]:
+    """Rows in a listing's ``order``, as one store gives them."""
+    if order == "id":
+        return sorted(rows, key=lambda s: s.id)
+    if order == "oldest":  # a time window: every row has its time
+        return sorted(rows, key=lambda s: (s.updated_at, s.id))
+    return sorted(rows, key=_newest, reverse=True)  # the rows without a time last
 
 
 def _newest(s: ExecutionSummary) -> tuple[bool, float, str]:
@@ -272,8 +309,9 @@ class Fleet(_Fleet):
         id_prefix: str | None = None,
     ) -> ExecutionPage:
         """As `LibsqlStore.list_executions`, over every database: the page one store holding
-        every row would give, with a cursor for the next. Each database is read once a page
-        (``limit`` rows past the cursor), several at once."""
+        every row would give, with a cursor for the next. Each database is asked for its
+        share of the page and a quarter more, several at once; one whose rows fall short of
+        its share is read on (see `_paged`)."""
         arguments, order = _listing(
             definition_id,
             status,
@@ -286,14 +324,22 @@ class Fleet(_Fleet):
             id_prefix,
         )
 
-        def page(name: str) -> ExecutionPage:
-            return self.store(name).list_executions(**arguments)
+        def page(name: str, read: dict[str, Any]) -> ExecutionPage:
+            return self.store(name).list_executions(**read)
 
-        if len(self._names) == 1:
-            pages = [page(self._names[0])]
-        else:
-            pages = list(self._threads().map(page, self._names))
-        return _merged(pages, limit, order)
+        plan = _paged(self._names, arguments, order)
+        asked = next(plan)
+        while True:
+            names = list(asked)
+            if self._remote.isdisjoint(names) or len(names) == 1:
+                pages = [page(name, read) for name, read in asked.items()]
+            else:
+                pages = list(self._threads().map(page, names, asked.values()))
+            try:
+                asked = plan.send(dict(zip(names, pages, strict=True)))
+            except StopIteration as done:
+                result: ExecutionPage = done.value
+                return result
 
     def _threads(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -405,11 +451,18 @@ class AsyncFleet(_Fleet):
             id_prefix,
         )
 
-        async def page(name: str) -> ExecutionPage:
-            return await (await self.store(name)).list_executions(**arguments)
+        async def page(name: str, read: dict[str, Any]) -> ExecutionPage:
+            return await (await self.store(name)).list_executions(**read)
 
-        pages = await asyncio.gather(*(page(name) for name in self._names))
-        return _merged(list(pages), limit, order)
+        plan = _paged(self._names, arguments, order)
+        asked = next(plan)
+        while True:
+            pages = await asyncio.gather(*(page(name, read) for name, read in asked.items()))
+            try:
+                asked = plan.send(dict(zip(asked, pages, strict=True)))
+            except StopIteration as done:
+                result: ExecutionPage = done.value
+                return result
 
     async def close(self) -> None:
         """As `Fleet.close`."""
