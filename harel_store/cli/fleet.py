@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, NamedTuple
 
 from harel_store.cli.output import PROG, Failure, colour_on, to_json
@@ -176,15 +176,14 @@ class Worker:
             self._log = None
 
 
-_SERVE = "from harel_store.cli.fleet import serve; serve()"
+# A worker's program: the command's `main` handed to the loop (this module is below it).
+_SERVE = "from harel_store.cli import main; from harel_store.cli.fleet import serve; serve(main)"
 
 
-def serve() -> None:
+def serve(main: Callable[[list[str]], int]) -> None:
     """A worker's loop: one job a line on stdin (a database and the command's arguments),
-    its outcome a line on the channel (stdout as it was when the worker started; stray
-    writes to the file descriptor 1 go to stderr from then on)."""
-    from harel_store.cli import main
-
+    run by ``main``; its outcome a line on the channel (stdout as it was when the worker
+    started; stray writes to the file descriptor 1 go to stderr from then on)."""
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     for line in sys.stdin:
