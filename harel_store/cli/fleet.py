@@ -145,8 +145,9 @@ class Worker:
             answer = proc.stdout.readline()
         except OSError:  # it ended before the job reached it
             answer = ""
-        log.seek(start)
-        printed = log.read().decode("utf-8", "replace")
+        # Read where it wrote, leaving the file's offset (which it shares) where it is.
+        end = os.fstat(log.fileno()).st_size
+        printed = os.pread(log.fileno(), end - start, start).decode("utf-8", "replace")
         if answer:
             result = json.loads(answer)
             status, out, err = result["status"], result["out"], result["err"] + printed
