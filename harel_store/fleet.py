@@ -15,13 +15,12 @@ import asyncio
 import hashlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from harel_store.aio import AsyncLibsqlStore
-from harel_store.batch import Plan
 from harel_store.checks import (
     check_finite,
     check_id,
@@ -33,11 +32,10 @@ from harel_store.checks import (
 )
 from harel_store.connection import parse_database
 from harel_store.connection.local import check_local_options
-from harel_store.core import StoreCore, _page
+from harel_store.core import _page
 from harel_store.errors import StoreError
-from harel_store.executions import Executions
 from harel_store.models import STATUSES, ExecutionPage, ExecutionSummary
-from harel_store.store import LibsqlStore, Store
+from harel_store.store import LibsqlStore
 
 __all__ = ["AsyncFleet", "Fleet", "rendezvous", "root_key"]
 
@@ -92,11 +90,9 @@ class _Fleet:
         check_trace_max(options.get("trace_max"))
         check_timeout(options.get("timeout", 30.0), "timeout")
         check_local_options(options.get("synchronous", "FULL"), options.get("busy_timeout", 5.0))
-        remote = False
         for name, database in databases.items():
             check_id(name, "database name")
             db = parse_database(database, auth_token)  # no I/O: its grammar only
-            remote = remote or db.remote is not None
             if db.local == ":memory:":
                 raise ValueError(
                     f"database {name!r} is :memory:, which no other connection can see: "
@@ -108,9 +104,6 @@ class _Fleet:
         self._auth_token = auth_token
         self._options = options
         self._closed = False
-        # Whether reading several databases at once can gain: a server's answer is waited
-        # for without the GIL; the libsql driver holds it through a local file's read.
-        self._remote = remote
 
     @property
     def names(self) -> list[str]:
@@ -199,44 +192,26 @@ def _listing(
     return arguments, order
 
 
-Row = Sequence[Any]  # a listing's row, as its query declares it (ExecutionSummary's fields)
-_FIELDS = tuple(ExecutionSummary.model_fields)
-_ID, _UPDATED = _FIELDS.index("id"), _FIELDS.index("updated_at")
-
-
-def _rows(store: Store, arguments: dict[str, Any]) -> Plan[list[Row]]:
-    """The rows one database gives a fleet's page: `Store.list_executions`' own plan (its
-    checks, its query, ``limit + 1`` rows past the cursor) run up to its read. Only the rows
-    that make the fleet's page are then made summaries, not ``limit`` of every database."""
-    listing = Executions.list_executions.plan(store, **arguments)
-    try:
-        rows: list[Row] = yield next(listing)
-    finally:
-        listing.close()
-    return rows
-
-
-def _merged(read: list[list[Row]], limit: int, order: str) -> ExecutionPage:
-    """One page of every database's rows (each in ``order``, each read past the same
-    cursor): the first ``limit`` in that order, and the cursor of the last of them."""
-    more = any(len(rows) > limit for rows in read)  # a database has more than it gave
-    rows = [row for some in read for row in some[:limit]]
+def _merged(pages: list[ExecutionPage], limit: int, order: str) -> ExecutionPage:
+    """One page of every database's pages (each in ``order``, each read after the same
+    cursor): their rows in that order, cut to ``limit``, and the cursor of its last row."""
+    rows = [item for page in pages for item in page.items]
     if order == "id":
-        rows.sort(key=lambda row: row[_ID])
+        rows.sort(key=lambda s: s.id)
     elif order == "oldest":  # a time window: every row has its time
-        rows.sort(key=lambda row: (row[_UPDATED], row[_ID]))
+        rows.sort(key=lambda s: (s.updated_at, s.id))
     else:  # newest first; the rows without a time last, by id descending
         rows.sort(key=_newest, reverse=True)
-    items = StoreCore._summaries(rows[:limit])
-    if not (more or len(rows) > limit) or not items:
+    more = len(rows) > limit or any(page.next_cursor is not None for page in pages)
+    items = rows[:limit]
+    if not more or not items:
         return ExecutionPage(items=items)
     last = items[-1]
     return ExecutionPage(items=items, next_cursor=encode_cursor(last.id, order, last.updated_at))
 
 
-def _newest(row: Row) -> tuple[bool, float, str]:
-    at = row[_UPDATED]
-    return (at is not None, 0.0 if at is None else at, row[_ID])
+def _newest(s: ExecutionSummary) -> tuple[bool, float, str]:
+    return (s.updated_at is not None, s.updated_at or 0.0, s.id)
 
 
 class Fleet(_Fleet):
@@ -298,9 +273,7 @@ class Fleet(_Fleet):
     ) -> ExecutionPage:
         """As `LibsqlStore.list_executions`, over every database: the page one store holding
         every row would give, with a cursor for the next. Each database is read once a page
-        (``limit`` rows past the cursor; servers several at once), and only the rows of the
-        page are made summaries. Raises what a store's listing raises (StoreError when a
-        database cannot be read)."""
+        (``limit`` rows past the cursor), several at once."""
         arguments, order = _listing(
             definition_id,
             status,
@@ -313,15 +286,14 @@ class Fleet(_Fleet):
             id_prefix,
         )
 
-        def read(name: str) -> list[Row]:
-            store = self.store(name)
-            return store._run(_rows(store, arguments))
+        def page(name: str) -> ExecutionPage:
+            return self.store(name).list_executions(**arguments)
 
-        if not self._remote or len(self._names) == 1:
-            rows = [read(name) for name in self._names]
+        if len(self._names) == 1:
+            pages = [page(self._names[0])]
         else:
-            rows = list(self._threads().map(read, self._names))
-        return _merged(rows, limit, order)
+            pages = list(self._threads().map(page, self._names))
+        return _merged(pages, limit, order)
 
     def _threads(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -433,12 +405,11 @@ class AsyncFleet(_Fleet):
             id_prefix,
         )
 
-        async def read(name: str) -> list[Row]:
-            store = await self.store(name)
-            return await store._run(_rows(store._s, arguments))
+        async def page(name: str) -> ExecutionPage:
+            return await (await self.store(name)).list_executions(**arguments)
 
-        rows = await asyncio.gather(*(read(name) for name in self._names))
-        return _merged(list(rows), limit, order)
+        pages = await asyncio.gather(*(page(name) for name in self._names))
+        return _merged(list(pages), limit, order)
 
     async def close(self) -> None:
         """As `Fleet.close`."""
