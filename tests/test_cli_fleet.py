@@ -147,3 +147,30 @@ def test_bad_fleet_files_and_usage(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["good.txt", *(c[0] for c in cases)]
     )  # no database was made
+
+
+def test_a_database_whose_run_is_killed_stops_no_other(tmp_path: Path, sqld: Any) -> None:
+    """migrate --timeout ends its process at the deadline: that database's worker goes with
+    it, its exit status is the run's worst, and the databases after it still run."""
+    from tests.proxy import Proxy
+
+    with Proxy(sqld.port) as slow:
+        slow.delay = 1.0  # each request: Alembic's several take longer than --timeout 1
+        fleet = write_fleet(
+            tmp_path / "fleet.txt",
+            {"a": str(tmp_path / "a.db"), "b-slow": slow.url(), "c": str(tmp_path / "c.db")},
+        )
+        result = cli(
+            "--fleet", str(fleet), "--jobs", "1", "migrate", "--timeout", "1",
+            env={"HAREL_AUTH_TOKEN": sqld.token},
+        )  # fmt: skip
+    assert result.returncode == 137, result.stderr
+    assert "did not answer within 1 s" in "\n".join(lines_of(result, "b-slow", "stderr"))
+    for name in ("a", "c"):
+        assert lines_of(result, name) == [
+            f"{tmp_path / name}.db: schema at revision {HEAD} (head {HEAD})"
+        ]
+    assert result.stdout.splitlines()[-1] == (
+        "harel-store migrate: 3 databases, 2 ok, 1 failed: b-slow (exit status 137)"
+    )
+    no_secret(result, sqld.token)

@@ -3,9 +3,10 @@
 FILE holds one ``NAME DATABASE`` per line (``#`` starts a comment line; blank lines are
 skipped); DATABASE is what ``--url`` takes, its token as for ``--url`` (``authToken=`` in the
 URL, else ``$HAREL_AUTH_TOKEN``, else ``$TURSO_AUTH_TOKEN``). Each database runs the very
-command ``harel-store COMMAND ...`` runs on one database, in a process of its own (its
-database handed over in the environment, never on a command line), at most ``--jobs`` at
-once; its output comes back line by line under its name, then a summary. A database that
+command ``harel-store COMMAND ...`` runs on one database, in a worker process (`Worker`:
+``--jobs`` of them, each running one database after another, its database handed over on
+a pipe, never on a command line); its output comes back line by line under its name, then
+a summary. A database that
 fails does not stop the others; the exit status is the worst of them. ``migrate`` is
 idempotent, so running it again picks up where a run stopped.
 """
@@ -13,21 +14,24 @@ idempotent, so running it again picks up where a run stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import queue
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import IO, NamedTuple
 
 from harel_store.cli.output import PROG, Failure, colour_on, to_json
 from harel_store.connection import parse_database
 from harel_store.connection.url import token_from_env
 from harel_store.fleet import Fleet
 
-__all__ = ["COMMANDS", "JOBS", "read_fleet", "run"]
+__all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
 
 COMMANDS = ("migrate", "status", "schema", "gc", "ls")  # what runs over a fleet
 JOBS = 4  # databases at once, unless --jobs says otherwise
@@ -100,61 +104,157 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("with --fleet, migrate takes no --sql (print one database's script)")
 
 
-def _run_one(name: str, database: str, argv: list[str], secrets: list[str]) -> Outcome:
-    """The command on one database, in a process of its own; its output with every secret
-    of the fleet file replaced (its own errors show none already)."""
-    env = {**os.environ, "HAREL_DATABASE_URL": database}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "harel_store", *argv],
-            env=env,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            stdin=subprocess.DEVNULL,
-        )
-    except OSError as exc:
-        return Outcome(name, 1, [], [f"{PROG}: error: cannot start: {exc}"])
-    status = done.returncode if done.returncode >= 0 else 128 - done.returncode
+class Worker:
+    """A process of our own that runs the command on one database after another, so the
+    imports are paid once per worker, not once per database. Started on first use, and
+    again after one ended under a job (``migrate --timeout`` ends its process at the
+    deadline): that job's outcome is its exit status."""
 
-    def lines(text: str) -> list[str]:
-        for secret in secrets:
+    def __init__(self, argv: list[str], secrets: list[str]) -> None:
+        self._argv = argv
+        self._secrets = secrets
+        self._proc: subprocess.Popen[str] | None = None
+        self._log: IO[bytes] | None = None  # the process's own stderr: what it printed itself
+
+    def run(self, name: str, database: str) -> Outcome:
+        """The command on ``database``: its exit status and output, every secret of the
+        fleet file replaced (its own errors show none already)."""
+        if self._proc is None:
+            self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-c", _SERVE],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=self._log,
+                    text=True,
+                    encoding="utf-8",
+                    errors="replace",
+                )
+            except OSError as exc:
+                self.close()
+                return Outcome(name, 1, [], [f"{PROG}: error: cannot start a worker: {exc}"])
+        proc, log = self._proc, self._log
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        assert log is not None
+        start = os.fstat(log.fileno()).st_size
+        job = json.dumps({"database": database, "argv": self._argv})
+        try:
+            proc.stdin.write(job + "\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline()
+        except OSError:  # it ended before the job reached it
+            answer = ""
+        # Read where it wrote, leaving the file's offset (which it shares) where it is.
+        end = os.fstat(log.fileno()).st_size
+        printed = os.pread(log.fileno(), end - start, start).decode("utf-8", "replace")
+        if answer:
+            result = json.loads(answer)
+            status, out, err = result["status"], result["out"], result["err"] + printed
+        else:  # it ended under the job
+            code = proc.wait()
+            self.close()
+            status = 128 - code if code < 0 else code or 1
+            out, err = "", printed or f"{PROG}: error: ended with exit status {status}\n"
+        return Outcome(name, status, self._lines(out), self._lines(err))
+
+    def _lines(self, text: str) -> list[str]:
+        for secret in self._secrets:
             text = text.replace(secret, "***")
         return text.splitlines()
 
-    return Outcome(name, status, lines(done.stdout), lines(done.stderr))
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # its loop ends
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+# A worker's program: the command's `main` handed to the loop (this module is below it).
+_SERVE = "from harel_store.cli import main; from harel_store.cli.fleet import serve; serve(main)"
+
+
+def serve(main: Callable[[list[str]], int]) -> None:
+    """A worker's loop: one job a line on stdin (a database and the command's arguments),
+    run by ``main``; its outcome a line on the channel (stdout as it was when the worker
+    started; stray writes to the file descriptor 1 go to stderr from then on)."""
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        os.environ["HAREL_DATABASE_URL"] = job["database"]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(job["argv"])
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else 1
+        result = {"status": status, "out": out.getvalue(), "err": err.getvalue()}
+        channel.write(json.dumps(result) + "\n")
+        channel.flush()
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``harel-store --fleet FILE COMMAND ...``: COMMAND on every database of FILE."""
     _check(args)
     databases = read_fleet(args.fleet)
-    jobs = min(args.jobs or JOBS, len(databases))
     rest = command_argv(argv)
     secrets = sorted(
         {parse_database(db).auth_token for db in databases.values()} - {""}, key=len, reverse=True
     )
+    todo: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for name in sorted(databases):
+        todo.put(name)
+    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work() -> None:
+        worker = Worker(rest, secrets)
+        try:
+            while not stop.is_set():
+                try:
+                    name = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    done.put(worker.run(name, databases[name]))
+                except Exception as exc:  # never a database without its outcome
+                    done.put(Outcome(name, 1, [], [f"{PROG}: error: {type(exc).__name__}"]))
+        finally:
+            worker.close()
+
+    threads = [
+        threading.Thread(target=work, name="harel-fleet", daemon=True)
+        for _ in range(min(args.jobs or JOBS, len(databases)))
+    ]
+    for thread in threads:
+        thread.start()
     progress = colour_on(sys.stderr)
     as_json = bool(getattr(args, "json", False))
     outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    with ThreadPoolExecutor(jobs, thread_name_prefix="harel-fleet") as pool:
-        futures = [
-            pool.submit(_run_one, name, databases[name], rest, secrets)
-            for name in sorted(databases)
-        ]
-        for future in as_completed(futures):
-            outcome = future.result()
-            with lock:
-                outcomes.append(outcome)
-                if progress:
-                    print("\r\x1b[2K", end="", file=sys.stderr)
-                _show(outcome, as_json)
-                if progress:
-                    done = f"{len(outcomes)}/{len(databases)} databases done"
-                    print(f"\r\x1b[2K{done}", end="", file=sys.stderr, flush=True)
-    if progress:
-        print("\r\x1b[2K", end="", file=sys.stderr, flush=True)
+    try:
+        while len(outcomes) < len(databases):
+            outcome = done.get()
+            outcomes.append(outcome)
+            if progress:
+                print("\r\x1b[2K", end="", file=sys.stderr)
+            _show(outcome, as_json)
+            if progress:
+                line = f"{len(outcomes)}/{len(databases)} databases done"
+                print(f"\r\x1b[2K{line}", end="", file=sys.stderr, flush=True)
+    finally:
+        stop.set()  # an interrupted run starts no other database
+        for thread in threads:
+            thread.join()
+        if progress:
+            print("\r\x1b[2K", end="", file=sys.stderr, flush=True)
     return _summary(outcomes, args.command, as_json)
 
 
