@@ -510,6 +510,16 @@ def test_a_refused_token_is_one_line_without_the_token(sqld: SqldServer) -> None
         assert "401" in line or "auth" in line.lower(), line
 
 
+def test_migrate_refuses_a_timeout_of_nothing(tmp_path: Path) -> None:
+    """--timeout 0 once fell back to $HAREL_TIMEOUT or 30 s unsaid (0 is falsy)."""
+    db = str(tmp_path / "t.db")
+    for given in ("0", "0s", "-5"):
+        line = failed(cli("migrate", "--url", db, "--timeout", given), 2)
+        assert "timeout" in line and ("more than 0" in line or "not a duration" in line), line
+    assert not Path(db).exists()
+    assert "0010" in ok(cli("migrate", "--url", db, "--timeout", "1m"))
+
+
 @pytest.mark.sqld
 def test_migrate_against_a_server_gone_silent_ends_within_its_timeout(sqld: SqldServer) -> None:
     """Our own revision checks pass; then the server stops answering the libsql driver

@@ -129,6 +129,14 @@ def duration(text: str) -> float:
     return seconds
 
 
+def timeout(text: str) -> float:
+    """An argparse type: a timeout, a duration of more than 0 (at 0 nothing could run)."""
+    seconds = duration(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"a timeout must be more than 0: {text!r}")
+    return seconds
+
+
 def age(text: str) -> float:
     """An argparse type: a duration written with its unit (``90s``, ``5m``, ``1.5h``,
     ``2d``), for an age that decides what is deleted: a bare number's unit is a guess."""

@@ -16,9 +16,9 @@ from harel_store.cli.common import (
     connection,
     current_revision,
     database,
-    duration,
     exists,
     require_local,
+    timeout,
 )
 from harel_store.cli.output import PROG, Failure
 from harel_store.connection import parse_database, show
@@ -166,7 +166,7 @@ def configure_migrate(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=duration,
+        type=timeout,
         metavar="SECONDS",
         help="against a server, how long the migration may take before it is stopped"
         " (default: $HAREL_TIMEOUT, else 30s)",
