@@ -136,7 +136,7 @@ MARKS = tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "not
 # add columns and indexes, so that the statements of queries.sql run on it.
 PREVIOUS = tuple(
     f"migrations/{script.name}"
-    for number in (1, 2, 4, 5, 6, 7, 8)
+    for number in (1, 2, 4, 5, 6, 7, 8, 10)
     for script in sorted((SQL_DIR / "migrations").glob(f"{number:04d}_*.up.sql"))
 )
 SHAPES: dict[str, Shape] = {
@@ -185,11 +185,12 @@ def floor_commits(
             cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
             assert cur.rowcount == 1
             versions[k] = v + 1
-            outbox = bind["insert_outbox"]((eid, eid, events[i]))
+            outbox = bind["insert_outbox"]((eid, eid, events[i], None))  # no trace context
             conn.execute(sql["insert_outbox"], outbox).fetchone()
             for statement, bound in marks if marker else ():
                 conn.execute(statement, bound((eid, ids[i])))
-            conn.execute(sql["schedule_timer"], bind["schedule_timer"]((eid, "main.wait", fire[i])))
+            timer = bind["schedule_timer"]((eid, "main.wait", fire[i], None))
+            conn.execute(sql["schedule_timer"], timer)
             if trace:
                 (idx,) = conn.execute(
                     sql["append_trace"], bind["append_trace"]((eid, step))
