@@ -415,7 +415,12 @@ class Relay:
         database, one after another."""
         self._stopping.clear()
         if (fleet := self._fleet) is not None:
-            return sum(self._loop(fleet, name).run_once() for name in fleet.names)
+            handled = 0
+            for name in fleet.names:
+                if self._stopping.is_set():  # a stop during one database's round ends it
+                    break
+                handled += self._loop(fleet, name).run_once()
+            return handled
         return self._round(_Schedule(self._o.handlers, self._o.poll), self._o.handlers)
 
     def _round(self, schedule: _Schedule, kinds: Collection[DeadKind]) -> int:

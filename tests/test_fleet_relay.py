@@ -120,6 +120,24 @@ def test_a_failed_item_is_failed_in_its_own_database(tmp_path: Path) -> None:
         assert kept.event.name == "boom" and fleet.store("db1").attempts_of([kept]) == [1]
 
 
+def test_a_stop_in_one_databases_round_ends_run_once(tmp_path: Path) -> None:
+    with Fleet(databases(tmp_path, 2)) as fleet:
+        for name, (exe_id,) in ids_in_each(fleet).items():
+            events = [(None, Event(name=f"{name}-{i}")) for i in range(3)]
+            fleet.store(name).commit(Execution(id=exe_id, definition_id="d"), events)
+        got: list[str] = []
+
+        def deliver(entry: OutboxEntry) -> None:
+            got.append(entry.event.name)
+            relay.stop()
+
+        relay = Relay(fleet, "w", on_outbox=deliver)
+        assert relay.run_once() == 1 and got == ["db0-0"]
+        assert len(fleet.store("db0").pending_outbox()) == 2  # released, not handled
+        assert len(fleet.store("db1").pending_outbox()) == 3  # its round never began
+        assert relay.run_once() == 1  # a new call runs again
+
+
 def test_run_is_woken_by_each_database_and_stops(tmp_path: Path) -> None:
     """poll is 30 s: a commit to any database is handled within a second and a half."""
     with Fleet(databases(tmp_path)) as fleet:
