@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from harel_store import queues, telemetry, wakeup
 from harel_store.awaiting import Call, wait_message
@@ -69,6 +69,50 @@ def _wait_args(
     if not statuses:
         raise ValueError("status must name at least one status")
     return execution_id, statuses, check_delay(timeout, "timeout")
+
+
+class Listing(NamedTuple):
+    """`list_executions`' arguments as `check_listing` read them."""
+
+    statuses: list[str] | None  # None: any
+    low: float | None  # updated_after
+    high: float | None  # updated_before
+    order: str  # harel_store.checks.ORDERS: "id", "newest" or "oldest"
+    cursor: tuple[str, float | None]  # its (id, time); ("", None): none
+
+
+def check_listing(
+    definition_id: str | None,
+    status: str | Iterable[str] | None,
+    roots_only: bool,
+    limit: int,
+    cursor: str | None,
+    updated_after: float | None,
+    updated_before: float | None,
+    newest_first: bool,
+    id_prefix: str | None,
+) -> Listing:
+    """`list_executions`' arguments checked (ValueError, TypeError: see there), and what
+    they say; a fleet checks a listing with it before it reads any database."""
+    check_id(definition_id, "definition_id", optional=True)
+    if id_prefix is not None and not isinstance(id_prefix, str):
+        raise TypeError(f"id_prefix must be a string, not {type(id_prefix).__name__}")
+    if id_prefix is not None:
+        check_text(id_prefix, "id_prefix")
+    for flag, value in (("roots_only", roots_only), ("newest_first", newest_first)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
+    low = None if updated_after is None else check_finite(updated_after, "updated_after")
+    high = None if updated_before is None else check_finite(updated_before, "updated_before")
+    window = low is not None or high is not None
+    order = "newest" if newest_first else "oldest" if window else "id"
+    statuses = [status] if isinstance(status, str) else None if status is None else list(status)
+    for s in statuses or ():
+        if s not in STATUSES:
+            raise ValueError(f"unknown status {s!r}: expected one of {', '.join(STATUSES)}")
+    _page(limit)
+    keyset = ("", None) if cursor is None else decode_cursor(cursor, order)
+    return Listing(statuses, low, high, order, keyset)
 
 
 class Executions(StoreCore):
@@ -338,25 +382,19 @@ class Executions(StoreCore):
         outside 1..1000, a bound that is not finite, or a cursor this method did not make for
         this order; TypeError for an argument of the wrong type.
         """
-        check_id(definition_id, "definition_id", optional=True)
-        if id_prefix is not None and not isinstance(id_prefix, str):
-            raise TypeError(f"id_prefix must be a string, not {type(id_prefix).__name__}")
-        if id_prefix is not None:
-            check_text(id_prefix, "id_prefix")
-        first, beyond = ("", ABOVE_ALL) if not id_prefix else (id_prefix, prefix_upper(id_prefix))
-        for flag, value in (("roots_only", roots_only), ("newest_first", newest_first)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
-        low = None if updated_after is None else check_finite(updated_after, "updated_after")
-        high = None if updated_before is None else check_finite(updated_before, "updated_before")
+        statuses, low, high, order, (after, at) = check_listing(
+            definition_id,
+            status,
+            roots_only,
+            limit,
+            cursor,
+            updated_after,
+            updated_before,
+            newest_first,
+            id_prefix,
+        )
         window = low is not None or high is not None
-        order = "newest" if newest_first else "oldest" if window else "id"
-        statuses = [status] if isinstance(status, str) else None if status is None else list(status)
-        for s in statuses or ():
-            if s not in STATUSES:
-                raise ValueError(f"unknown status {s!r}: expected one of {', '.join(STATUSES)}")
-        _page(limit)
-        after, at = ("", None) if cursor is None else decode_cursor(cursor, order)
+        first, beyond = ("", ABOVE_ALL) if not id_prefix else (id_prefix, prefix_upper(id_prefix))
         # One named query per filter shape, each index-backed; statuses fill four slots
         # (None: unused), so several statuses still cost one LIMITed seek each.
         slots: list[str | None] = list(dict.fromkeys(STATUSES if statuses is None else statuses))

@@ -22,19 +22,16 @@ from typing import Any
 
 from harel_store.aio import AsyncLibsqlStore
 from harel_store.checks import (
-    check_finite,
     check_id,
-    check_text,
     check_timeout,
     check_trace_max,
-    decode_cursor,
     encode_cursor,
 )
 from harel_store.connection import parse_database
 from harel_store.connection.local import check_local_options
-from harel_store.core import _page
 from harel_store.errors import StoreError
-from harel_store.models import STATUSES, ExecutionPage, ExecutionSummary
+from harel_store.executions import check_listing
+from harel_store.models import ExecutionPage, ExecutionSummary
 from harel_store.store import LibsqlStore
 
 __all__ = ["AsyncFleet", "Fleet", "rendezvous", "root_key"]
@@ -160,29 +157,19 @@ def _listing(
     newest_first: bool,
     id_prefix: str | None,
 ) -> tuple[dict[str, Any], str]:
-    """A fleet listing's arguments, checked as one store checks them (before any database is
-    opened), as each store takes them; and the listing's order (`harel_store.checks.ORDERS`)."""
-    check_id(definition_id, "definition_id", optional=True)
-    if id_prefix is not None:
-        if not isinstance(id_prefix, str):
-            raise TypeError(f"id_prefix must be a string, not {type(id_prefix).__name__}")
-        check_text(id_prefix, "id_prefix")
-    for flag, value in (("roots_only", roots_only), ("newest_first", newest_first)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
-    if updated_after is not None:
-        check_finite(updated_after, "updated_after")
-    if updated_before is not None:
-        check_finite(updated_before, "updated_before")
-    statuses = [status] if isinstance(status, str) else None if status is None else list(status)
-    for s in statuses or ():
-        if s not in STATUSES:
-            raise ValueError(f"unknown status {s!r}: expected one of {', '.join(STATUSES)}")
-    _page(limit)
-    window = updated_after is not None or updated_before is not None
-    order = "newest" if newest_first else "oldest" if window else "id"
-    if cursor is not None:
-        decode_cursor(cursor, order)  # ValueError/TypeError for one no listing made
+    """A fleet listing's arguments, checked as one store checks them (`check_listing`, before
+    any database is opened), as each store takes them; and the listing's order."""
+    statuses, _, _, order, _ = check_listing(
+        definition_id,
+        status,
+        roots_only,
+        limit,
+        cursor,
+        updated_after,
+        updated_before,
+        newest_first,
+        id_prefix,
+    )
     arguments = {
         "definition_id": definition_id,
         "status": statuses,
