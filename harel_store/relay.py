@@ -103,6 +103,14 @@ class _Options(Generic[H]):
         self.backoff = (first, longest)
         self.poll = check_timeout(poll, "poll")
 
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments that make a relay with these options (over a fleet: each
+        database's)."""
+        options: dict[str, Any] = {f"on_{kind}": h for kind, h in self.handlers.items()}
+        options.update(batch=self.batch, lease=self.lease, max_attempts=self.max_attempts)
+        options.update(backoff=self.backoff, poll=self.poll)
+        return options
+
     def retry_in(self, attempts: int) -> float:
         """The wait before the next attempt, after ``attempts`` of them failed: doubling from
         backoff[0] up to backoff[1]; none once the item is at max_attempts (the next claim
@@ -305,13 +313,7 @@ class Relay:
         self._fleet = store if isinstance(store, Fleet) else None
         if not isinstance(store, Fleet):
             self._store = store
-        # Over a fleet: each database's relay, made with these arguments once it is opened.
-        self._loops: dict[str, Relay] = {}
-        self._arguments = {
-            **{f"on_{kind}": handler for kind, handler in handlers.items()},
-            **dict(batch=batch, lease=lease, max_attempts=max_attempts, backoff=backoff),
-            "poll": poll,
-        }
+        self._loops: dict[str, Relay] = {}  # over a fleet: each database's, once opened
         self._stopping = threading.Event()
         self._running = threading.Lock()
         self._waiter: Waiter | None = None  # while run() runs
@@ -333,7 +335,7 @@ class Relay:
         """The relay of the fleet's database ``name`` (opened now, if it was not)."""
         loop = self._loops.get(name)
         if loop is None:
-            loop = Relay(fleet.store(name), self._o.worker, **self._arguments)
+            loop = Relay(fleet.store(name), self._o.worker, **self._o.arguments())
             self._loops[name] = loop
             if self._stopping.is_set():
                 loop.stop()
@@ -552,11 +554,6 @@ class AsyncRelay:
         if not isinstance(store, AsyncFleet):
             self._store = store
         self._loops: dict[str, AsyncRelay] = {}  # over a fleet: as Relay's
-        self._arguments = {
-            **{f"on_{kind}": handler for kind, handler in handlers.items()},
-            **dict(batch=batch, lease=lease, max_attempts=max_attempts, backoff=backoff),
-            **dict(poll=poll, concurrency=concurrency),
-        }
         self._stopping = threading.Event()
         self._running = False
         self._waiter: Waiter | None = None
@@ -578,7 +575,9 @@ class AsyncRelay:
         """As `Relay._loop`."""
         loop = self._loops.get(name)
         if loop is None:
-            loop = AsyncRelay(await fleet.store(name), self._o.worker, **self._arguments)
+            store = await fleet.store(name)
+            arguments = self._o.arguments() | {"concurrency": self._concurrency}
+            loop = AsyncRelay(store, self._o.worker, **arguments)
             loop = self._loops.setdefault(name, loop)  # another task may have made it
             if self._stopping.is_set():
                 loop.stop()
