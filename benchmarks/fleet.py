@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import ROOT, Report, medians, mode, parser, served
-from harel_store import AsyncFleet, Execution, Fleet, LibsqlStore
+from harel_store import AsyncFleet, AsyncLibsqlStore, Execution, Fleet, LibsqlStore
 from harel_store.fleet import rendezvous
 
 PLANS = {  # run seconds, databases migrated, rows listed
@@ -56,10 +56,10 @@ async def commits(urls: dict[str, str], seconds: float) -> tuple[float, float]:
         done = 0
         ends = time.monotonic() + seconds
 
-        async def one(store: object, exe: Execution) -> None:
+        async def one(store: AsyncLibsqlStore, exe: Execution) -> None:
             nonlocal done
             while time.monotonic() < ends:
-                await store.commit(exe, [])  # type: ignore[attr-defined]
+                await store.commit(exe, [])
                 done += 1
 
         cpu, start = time.process_time(), time.perf_counter()
