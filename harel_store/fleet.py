@@ -146,42 +146,12 @@ class _Fleet:
         return self._databases[name], {"auth_token": self._auth_token, **self._options}
 
 
-def _listing(
-    definition_id: str | None,
-    status: str | Iterable[str] | None,
-    roots_only: bool,
-    limit: int,
-    cursor: str | None,
-    updated_after: float | None,
-    updated_before: float | None,
-    newest_first: bool,
-    id_prefix: str | None,
-) -> tuple[dict[str, Any], str]:
-    """A fleet listing's arguments, checked as one store checks them (`check_listing`, before
-    any database is opened), as each store takes them; and the listing's order."""
-    statuses, _, _, order, _ = check_listing(
-        definition_id,
-        status,
-        roots_only,
-        limit,
-        cursor,
-        updated_after,
-        updated_before,
-        newest_first,
-        id_prefix,
-    )
-    arguments = {
-        "definition_id": definition_id,
-        "status": statuses,
-        "roots_only": roots_only,
-        "limit": limit,
-        "cursor": cursor,
-        "updated_after": updated_after,
-        "updated_before": updated_before,
-        "newest_first": newest_first,
-        "id_prefix": id_prefix,
-    }
-    return arguments, order
+def _listing(**given: Any) -> tuple[dict[str, Any], str]:
+    """A fleet listing's arguments (`list_executions`' by name), checked as one store checks
+    them (`check_listing`, before any database is opened), as each store takes them (its
+    statuses a list, read again for each database); and the listing's order."""
+    statuses, _, _, order, _ = check_listing(**given)
+    return given | {"status": statuses}, order
 
 
 Reads = dict[str, dict[str, Any]]  # a database's name: the arguments of its listing
@@ -300,15 +270,15 @@ class Fleet(_Fleet):
         share of the page and a quarter more, several at once; one whose rows fall short of
         its share is read on (see `_paged`)."""
         arguments, order = _listing(
-            definition_id,
-            status,
-            roots_only,
-            limit,
-            cursor,
-            updated_after,
-            updated_before,
-            newest_first,
-            id_prefix,
+            definition_id=definition_id,
+            status=status,
+            roots_only=roots_only,
+            limit=limit,
+            cursor=cursor,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            newest_first=newest_first,
+            id_prefix=id_prefix,
         )
 
         def page(name: str, read: dict[str, Any]) -> ExecutionPage:
@@ -427,15 +397,15 @@ class AsyncFleet(_Fleet):
     ) -> ExecutionPage:
         """As `Fleet.list_executions`, every database read at once."""
         arguments, order = _listing(
-            definition_id,
-            status,
-            roots_only,
-            limit,
-            cursor,
-            updated_after,
-            updated_before,
-            newest_first,
-            id_prefix,
+            definition_id=definition_id,
+            status=status,
+            roots_only=roots_only,
+            limit=limit,
+            cursor=cursor,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            newest_first=newest_first,
+            id_prefix=id_prefix,
         )
 
         async def page(name: str, read: dict[str, Any]) -> ExecutionPage:
