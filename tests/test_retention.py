@@ -29,9 +29,21 @@ from harel_store import Event, Execution, LibsqlStore, SqliteStore, StoreError, 
 from harel_store.batch import Batch
 from harel_store.connection import LocalConnection
 from harel_store.models import Status
+from harel_store.pace import Pacer
 from harel_store.schema import describe
 from harel_store.sql import HEAD, QUERIES
 from tests.helpers import ALEMBIC, raw
+
+
+@pytest.fixture(autouse=True)
+def _timeless_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every retention write is timed as taking no time, so that the sizes a local store's
+    `Pacer` picks (after the first write's `pace.FIRST`) are the call's ``limit`` however
+    busy the machine is: these tests count what each call removes. `tests.test_pace` tests
+    the sizing itself."""
+    took = Pacer.took
+    monkeypatch.setattr(Pacer, "took", lambda self, kind, items, _: took(self, kind, items, 0.0))
+
 
 OLD = 1000.0  # a time long before any the database's clock writes in these tests
 BEFORE = OLD + 100.0  # a horizon after every staged time and before every real one
