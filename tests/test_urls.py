@@ -125,10 +125,17 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="module")
-def own_server() -> Iterator[SqldServer]:
+def own_sqld() -> Iterator[SqldServer]:
     """A server of this module's own, for Alembic to move between base and head."""
     with SqldServer(auth=True) as srv:
         yield srv
+
+
+@pytest.fixture
+def own_server(own_sqld: SqldServer) -> SqldServer:
+    """That server at head, whatever the test before it (on this worker) left it at."""
+    LibsqlStore(own_sqld.url, auth_token=own_sqld.token, migrate=True).close()
+    return own_sqld
 
 
 def fill(form: str, srv: SqldServer | None = None, tmp: Path | None = None) -> str:
@@ -351,6 +358,7 @@ def test_alembic_reads_each_local_form(form: str, name: str, here: Path) -> None
         assert store.schema_revision == HEAD
 
 
+@pytest.mark.slow
 @pytest.mark.sqld
 def test_alembic_reads_each_remote_form(own_server: SqldServer, tmp_path: Path) -> None:
     env = {"HAREL_AUTH_TOKEN": own_server.token}
@@ -456,6 +464,7 @@ def test_the_cli_behind_head_names_both_commands(here: Path) -> None:
     assert f"`{migration_hint('b.db')}`" in line
 
 
+@pytest.mark.slow
 @pytest.mark.sqld
 def test_the_cli_reads_each_remote_form(own_server: SqldServer, here: Path) -> None:
     token = own_server.token
@@ -495,6 +504,7 @@ def test_the_cli_takes_the_turso_environment(own_server: SqldServer, here: Path)
     assert entries(here) == {"h.db"}
 
 
+@pytest.mark.slow
 @pytest.mark.sqld
 def test_the_cli_says_what_to_write_for_a_plain_http_server(
     own_server: SqldServer, here: Path
