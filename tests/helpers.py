@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +20,29 @@ from harel_store.store import Store
 ROOT = Path(__file__).resolve().parent.parent
 # The command line an operator runs, on the repository's alembic.ini.
 ALEMBIC = [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini")]
+
+# Alembic's command line, once for each argv of the JSON list in argv[1], in one interpreter:
+# a walk of many steps pays Python's and Alembic's start once, and each step is still a
+# command of its own (its own env.py run, engine and transaction).
+STEPS = """
+import json, sys
+from alembic.config import main
+for argv in json.loads(sys.argv[1]):
+    main(argv=argv)
+"""
+
+
+def alembic_steps(*steps: tuple[Path, str, str]) -> None:
+    """Run ``alembic -x url=DB COMMAND TARGET`` for each (db, command, target), in order, in
+    one child process."""
+    argvs = [[*ALEMBIC[3:], "-x", f"url={db}", *step] for db, *step in steps]
+    subprocess.run(
+        [sys.executable, "-c", STEPS, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
 
 
 class SyncFacade:

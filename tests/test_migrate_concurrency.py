@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harel_store.sql import HEAD, MIGRATIONS
-from tests.helpers import ALEMBIC
+from tests.helpers import ALEMBIC, alembic_steps
 from tests.workers.common import open_store, spawn
 
 PROCESSES = 4
@@ -73,9 +73,9 @@ def alembic_cli(db: Path, target: str = "head") -> None:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, dict]:  # type: ignore[type-arg]
     """The schema at every revision, each built by Alembic on a fresh file."""
     refs: dict[str | None, dict] = {None: {}}  # type: ignore[type-arg]
-    for rev in REVISIONS:
-        db = tmp_path_factory.mktemp("ref") / f"{rev}.db"
-        alembic_cli(db, rev)
+    dbs = {rev: tmp_path_factory.mktemp("ref") / f"{rev}.db" for rev in REVISIONS}
+    alembic_steps(*((db, "upgrade", rev) for rev, db in dbs.items()))
+    for rev, db in dbs.items():
         assert revision(db) == rev
         refs[rev] = schema(db)
     return refs

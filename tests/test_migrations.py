@@ -16,7 +16,15 @@ from mako.template import Template
 from harel_store import LibsqlStore, SchemaError, SqliteStore
 from harel_store.schema import describe, head_schema
 from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
-from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, raw, rows_0003, stage_0003
+from tests.helpers import (
+    ALEMBIC,
+    ROWS_0003,
+    alembic_steps,
+    check_0003_rows,
+    raw,
+    rows_0003,
+    stage_0003,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -111,26 +119,30 @@ def test_the_store_builds_the_same_database_as_alembic(tmp_path: Path) -> None:
 
 def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
     db = tmp_path / "d.db"
-    alembic("-x", f"url={db}", "upgrade", "head")
-    alembic("-x", f"url={db}", "downgrade", "base")
+    alembic_steps((db, "upgrade", "head"), (db, "downgrade", "base"))
     with closing(sqlite3.connect(db)) as conn, conn:
         left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'harel%'").fetchall()
     assert left == []
-    for m in MIGRATIONS:  # one step at a time, each reversible
-        alembic("-x", f"url={db}", "upgrade", "+1")
-        alembic("-x", f"url={db}", "downgrade", "-1")
-        alembic("-x", f"url={db}", "upgrade", m.revision)
+    alembic_steps(  # one step at a time, each reversible
+        *(
+            (db, command, target)
+            for m in MIGRATIONS
+            for command, target in (("upgrade", "+1"), ("downgrade", "-1"), ("upgrade", m.revision))
+        )
+    )
     assert schema_of(db) == head_schema()
 
 
+@pytest.mark.slow
 def test_each_downgrade_restores_the_schema_before_it(tmp_path: Path) -> None:
     db = tmp_path / "d.db"
     alembic("-x", f"url={db}", "upgrade", "head")
+    built = {m.name: tmp_path / f"built-{m.down_revision}.db" for m in MIGRATIONS[1:]}
+    # each revision before head, built from nothing
+    alembic_steps(*((built[m.name], "upgrade", str(m.down_revision)) for m in MIGRATIONS[1:]))
     for m in reversed(MIGRATIONS[1:]):
         alembic("-x", f"url={db}", "downgrade", "-1")
-        built = tmp_path / f"built-{m.down_revision}.db"
-        alembic("-x", f"url={built}", "upgrade", str(m.down_revision))
-        assert schema_of(db) == schema_of(built), m.name
+        assert schema_of(db) == schema_of(built[m.name]), m.name
 
 
 def test_0003_rebuilds_its_tables_keeping_every_row_up_and_down(tmp_path: Path) -> None:
