@@ -84,7 +84,7 @@ def main() -> None:
         # every garbage collection, ~3 % of a commit here, whatever the store does).
         driver, trace = rows[-1]
         print(f"instructions per commit, {driver} {trace}: OpenTelemetry API, no provider / none")
-        on = per_commit(ROOT, driver, trace, runs)
+        on = new  # this tree's figure for that row, measured above
         off = per_commit(ROOT, driver, trace, runs, "no-otel")
         print(f"  this tree        {on:>9,.0f} / {off:>9,.0f} = {on / off:.3f}", flush=True)
 
