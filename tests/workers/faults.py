@@ -10,6 +10,7 @@ Prints one JSON report on stdout; an unexpected exception ends it with a traceba
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -62,6 +63,13 @@ def full(driver: str, db: Path) -> dict[str, Any]:
 
 def readonly(driver: str, db: Path) -> dict[str, Any]:
     if os.geteuid() == 0:  # root writes through file modes: drop to an ordinary user
+        # That user may not read this checkout, its venv or the interpreter's library (a
+        # clone in a private folder): load now, while root, every module the store imports
+        # as it opens, writes and fails, by doing so once on a throwaway store.
+        with open_store(driver, ":memory:") as warm:
+            warm.commit(Execution(id="warm", definition_id="f"), [])
+            with contextlib.suppress(StoreError):
+                warm.commit(Execution(id="warm", definition_id="f"), [])  # a stale version
         os.setgid(NOBODY)
         os.setuid(NOBODY)
     report: dict[str, Any] = {}
