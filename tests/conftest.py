@@ -21,6 +21,13 @@ Opener = Callable[..., Any]
 import_libsql()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first (each keeping its order): run in parallel, each starts
+    while the many short ones run beside it, instead of a long one starting last and
+    leaving the other workers idle while it ends."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _async_opener(loop: asyncio.AbstractEventLoop) -> Opener:
     def open_async(database: str | Path = ":memory:", **kwargs: Any) -> SyncFacade:
         store = loop.run_until_complete(AsyncLibsqlStore.create(database, **kwargs))

@@ -143,7 +143,10 @@ SERVED = {"http_client", "remote", "relays", "engine", "fleet"}  # start their o
 
 @pytest.mark.parametrize(
     "module",
-    [pytest.param(m, marks=[pytest.mark.sqld] if m in SERVED else []) for m in EXPECTED],
+    [
+        pytest.param(m, marks=[pytest.mark.slow, *([pytest.mark.sqld] if m in SERVED else [])])
+        for m in EXPECTED
+    ],
 )
 def test_benchmark_smoke(module: str) -> None:
     proc = subprocess.run(

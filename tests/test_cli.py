@@ -640,6 +640,7 @@ def test_trace_json_escapes_a_lone_surrogate(db: str) -> None:
     assert '{"k":"\\ud800"}' in ok(cli("trace", "order-1", "--url", db))
 
 
+@pytest.mark.slow
 def test_control_characters_in_stored_strings_reach_no_terminal(tmp_path: Path) -> None:
     database = _migrated(tmp_path)
     nasty = "\x1b[31mred\x07\r\x7f\x9b"
@@ -718,6 +719,7 @@ def test_an_empty_no_color_is_not_set(db: str) -> None:
     assert b"\x1b[" not in _on_a_terminal("ls", "--url", db, env={"NO_COLOR": "1"})
 
 
+@pytest.mark.slow
 def test_no_secret_of_a_url_is_printed(tmp_path: Path) -> None:
     remote = "http://user:SECRET@127.0.0.1:1/?authToken=SECRET"  # nothing listens on port 1
     missing = str(tmp_path / "missing.db")

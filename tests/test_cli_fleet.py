@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harel_store import HEAD, Execution, Fleet
 from tests.test_cli import cli
 
@@ -33,6 +35,7 @@ def write_fleet(path: Path, entries: dict[str, str]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_migrate_runs_on_every_database_past_a_broken_one(tmp_path: Path, sqld: Any) -> None:
     files = {name: str(tmp_path / f"{name}.db") for name in ("a", "b", "c")}
     fleet = write_fleet(
@@ -71,6 +74,7 @@ def test_migrate_runs_on_every_database_past_a_broken_one(tmp_path: Path, sqld: 
     assert len(checked.stdout.splitlines()) == 5  # a line per database, then the summary
 
 
+@pytest.mark.slow
 def test_status_check_gc_and_ls_over_a_fleet(tmp_path: Path) -> None:
     databases = {name: str(tmp_path / f"{name}.db") for name in ("east", "west")}
     with Fleet(databases) as fleet:
@@ -111,6 +115,7 @@ def test_status_check_gc_and_ls_over_a_fleet(tmp_path: Path) -> None:
     assert behind.stdout.splitlines()[-1].endswith("1 failed: west (exit status 1)")
 
 
+@pytest.mark.slow
 def test_bad_fleet_files_and_usage(tmp_path: Path) -> None:
     good = write_fleet(tmp_path / "good.txt", {"a": str(tmp_path / "a.db")})
     cases = [
@@ -149,6 +154,7 @@ def test_bad_fleet_files_and_usage(tmp_path: Path) -> None:
     )  # no database was made
 
 
+@pytest.mark.slow
 def test_a_database_whose_run_is_killed_stops_no_other(tmp_path: Path, sqld: Any) -> None:
     """migrate --timeout ends its process at the deadline: that database's worker goes with
     it, its exit status is the run's worst, and the databases after it still run."""

@@ -105,6 +105,7 @@ def digest(directory: Path) -> dict[str, str]:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in directory.iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["closed", "snapshot"])
 def test_read_commands_work_on_read_only_media(media: Path, layout: str) -> None:
     """``closed``: the store closed cleanly (the file alone: SQLite cannot create its -shm
@@ -220,6 +221,7 @@ def on_read_only_mount(source: Path, mount: Path, *argv: str) -> subprocess.Comp
     )
 
 
+@pytest.mark.slow
 def test_a_read_only_file_system(tmp_path: Path) -> None:
     source, mount = tmp_path / "source", tmp_path / "mount"
     source.mkdir()

@@ -132,6 +132,7 @@ print(json.dumps(outputs))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "page", [p for p in PAGES if "```python" in p.read_text()], ids=lambda p: p.name
 )
@@ -302,6 +303,7 @@ def test_the_python_snippet_runs_and_runs_again(tmp_path: Path) -> None:
     assert [(r.returncode, r.stderr, r.stdout) for r in runs] == [(0, "", "2\n"), (0, "", "2\n")]
 
 
+@pytest.mark.slow
 @pytest.mark.sqld
 def test_the_migrations_guide_commands_run(server: Any, tmp_path: Path) -> None:
     """The guide's Alembic lines, in a copy of alembic.ini and migrations/, with the test

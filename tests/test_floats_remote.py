@@ -66,6 +66,7 @@ def test_floats_travel_as_eighteen_significant_digits_cut_toward_zero() -> None:
     assert _value(2.5)["value"] == "2.5e+0" and _value(-0.0)["value"] == "0e+0"
 
 
+@pytest.mark.slow
 def test_a_hundred_thousand_random_doubles_come_back_exactly(remote: LibsqlStore) -> None:
     rng = random.Random(SEED)
     fire = list(doubles(rng, TIMERS))

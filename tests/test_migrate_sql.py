@@ -146,6 +146,7 @@ def test_sql_to_base_from_head_prints_every_downgrade(tmp_path: Path) -> None:
     untouched(path, before)
 
 
+@pytest.mark.slow
 def test_sql_at_the_target_says_nothing_to_do(tmp_path: Path) -> None:
     path = migrated(tmp_path, "head")
     before = snapshot(path)
@@ -180,6 +181,7 @@ def test_sql_on_a_missing_file_prints_everything_and_creates_nothing(tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_range_is_printed_without_reading_any_database(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"  # reading it would fail: "it is not a SQLite database"
     junk.write_text("not a database, " * 200)
@@ -254,6 +256,7 @@ def test_sql_beside_a_store_of_either_library_in_the_same_process(
             assert store.schema_revision == HEAD
 
 
+@pytest.mark.slow
 def test_the_help_examples_run_as_written(tmp_path: Path) -> None:
     text = ok(cli("migrate", "--help"))
     examples = [

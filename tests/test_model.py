@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -715,6 +716,8 @@ class LibsqlModel(StoreModel):
 class SqliteModel(StoreModel):
     driver = SqliteStore
 
+
+pytestmark = pytest.mark.slow  # ~20 s a model under load
 
 TestLibsqlAgainstModel = SETTINGS(LibsqlModel).TestCase
 TestSqliteAgainstModel = SETTINGS(SqliteModel).TestCase

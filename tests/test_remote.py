@@ -369,6 +369,7 @@ def test_a_remote_store_survives_a_restart_after_a_read(own_server: SqldServer) 
         assert store.load("e").version == 2  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_a_remote_store_idle_past_the_stream_expiry_still_works(server: SqldServer) -> None:
     """sqld expires a stream idle for ~10 s (no flag shortens it), after which every call on
     that connection fails; the store replaces the connection and carries on."""

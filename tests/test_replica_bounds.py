@@ -222,6 +222,7 @@ def test_a_primary_lost_right_after_a_write_lands_bounds_the_read_after(
         store.close()
 
 
+@pytest.mark.slow
 def test_the_replica_recovers_when_the_primary_is_back_on_the_same_port(
     server: SqldServer, tmp_path: Path, ticker: Ticker
 ) -> None:

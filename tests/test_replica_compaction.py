@@ -25,6 +25,7 @@ SECONDS = 15.0  # before the fix, 4 of ~70 opens in that long failed
 PAD = "y" * 20_000  # 20 bursts of 20 commits of ~20 kB: a compaction every burst or two
 
 
+@pytest.mark.slow
 def test_replicas_open_and_sync_while_the_primary_compacts_its_log(tmp_path: Path) -> None:
     with SqldServer(tmp_path / "sqld", auth=True, extra_args=["--max-log-size", "1"]) as srv:
         writer = LibsqlStore(srv.url, auth_token=srv.token, migrate=True, timeout=10)

@@ -230,6 +230,7 @@ def test_a_server_without_change_notifications_is_polled(
     assert server.token not in caplog.text
 
 
+@pytest.mark.slow
 def test_a_relay_hears_a_server_again_after_it_restarts(tmp_path: Path) -> None:
     with SqldServer(tmp_path / "sqld", auth=True) as server:
         LibsqlStore(server.url, auth_token=server.token, migrate=True).close()
