@@ -56,7 +56,7 @@ def sqld(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     server.start()
     LibsqlStore(server.url, auth_token=server.token, migrate=True).close()
     yield server
-    server.stop()
+    server.kill()  # a listen stream still lingering would hold a SIGTERM up for seconds
     if request.session.testsfailed:
         print(f"\nsqld log kept at {server.log_path}:\n{server.log_tail()}")
 

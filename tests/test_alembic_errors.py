@@ -168,6 +168,7 @@ def test_a_database_ahead_of_head_is_one_line_in_the_store_words(tmp_path: Path)
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("9999",)]
 
 
+@pytest.mark.slow
 def test_a_url_the_store_cannot_read_and_a_file_that_cannot_be_opened_are_one_line(
     tmp_path: Path,
 ) -> None:
@@ -296,6 +297,7 @@ def alembic_over_the_copy(ini: Path, *args: str) -> subprocess.CompletedProcess[
     return run(command, cwd=ini.parent)
 
 
+@pytest.mark.slow
 def test_a_revision_alembic_makes_upgrades_and_downgrades(tmp_path: Path) -> None:
     """The script `alembic revision` makes (a title and two lines) is a whole revision:
     with its two files written it upgrades, downgrades, prints its SQL offline and shows in

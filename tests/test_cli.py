@@ -138,6 +138,7 @@ def test_migrate_sql_prints_the_script_and_touches_nothing(tmp_path: Path) -> No
     assert not (tmp_path / "never.db").exists()
 
 
+@pytest.mark.slow
 def test_a_schema_behind_head_is_one_line_telling_to_migrate(tmp_path: Path) -> None:
     database = _migrated(tmp_path)
     old = MIGRATIONS[-2].revision if len(MIGRATIONS) > 1 else "base"
@@ -467,6 +468,7 @@ def sqld() -> Iterator[SqldServer]:
         yield server
 
 
+@pytest.mark.slow
 @pytest.mark.sqld
 def test_against_sqld_with_a_token_from_the_environment(sqld: SqldServer, tmp_path: Path) -> None:
     env = {"HAREL_DATABASE_URL": sqld.url, "HAREL_AUTH_TOKEN": sqld.token}

@@ -188,6 +188,7 @@ def test_each_relay_view_lists_its_own_kind_of_dead_letters(db: str) -> None:
         assert line.endswith(f"--dead lists every dead letter of the kind: drop {dropped}"), line
 
 
+@pytest.mark.slow
 def test_live_views_show_tries_and_the_last_error_escaped_and_cut(tmp_path: Path) -> None:
     database = str(tmp_path / "live.db")
     seed(database)
@@ -356,6 +357,7 @@ def test_usage_errors_exit_2_and_change_nothing(db: str) -> None:
     assert dead_in(db) == BURIED
 
 
+@pytest.mark.slow
 def test_status_counts_dead_letters_and_max_dead_fails_over_n(db: str) -> None:
     counted = "3 dead letters (outbox 1, spawn 1, timer 1)"
     assert f"dead        {counted}" in ok(cli("status", "--url", db)).splitlines()

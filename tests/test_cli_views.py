@@ -39,6 +39,7 @@ def ids(db: str, *args: str) -> list[str]:
     return [json.loads(line)["id"] for line in out.splitlines()]
 
 
+@pytest.mark.slow
 def test_ls_by_time_newest_first_and_by_prefix(db: str) -> None:
     _set_updated(
         db,

@@ -87,6 +87,7 @@ def fields(cls: type) -> list[str]:
     return list(getattr(cls, "_fields", ()))
 
 
+@pytest.mark.slow
 def test_the_api_reference_holds_every_public_name(tmp_path: Path) -> None:
     """Built as .ci/run builds it (strict: a broken link or reference fails), then read."""
     mkdocs = Path(sys.executable).with_name("mkdocs")

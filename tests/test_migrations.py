@@ -225,6 +225,7 @@ def test_a_schema_behind_is_refused_when_migrating_is_not_allowed(tmp_path: Path
     assert schema_of(db) == head_schema()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opener", [LibsqlStore, SqliteStore])
 def test_0006_up_and_down_on_a_populated_database(opener: type, tmp_path: Path) -> None:
     db, at_0005 = tmp_path / "old.db", tmp_path / "ref.db"

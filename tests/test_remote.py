@@ -120,6 +120,7 @@ def harel_tables(srv: SqldServer) -> set[str]:
     return {n for (n,) in names if n.startswith("harel_")}
 
 
+@pytest.mark.slow
 def test_alembic_upgrades_downgrades_and_reupgrades_the_server(own_server: SqldServer) -> None:
     with pytest.raises(SchemaError, match=r"has no harel-store schema.*harel-store migrate"):
         primary(own_server)

@@ -374,6 +374,7 @@ def schema(db: Path) -> Any:
         return describe(conn)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opener", [LibsqlStore, SqliteStore])
 def test_0005_up_and_down_on_a_populated_database(opener: Any, tmp_path: Path) -> None:
     db, at_0004 = tmp_path / "old.db", tmp_path / "ref.db"
