@@ -10,7 +10,7 @@ Each figure is (instructions of 400 commits - those of 100) / 300, so start-up a
 cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer schedule and
 (with trace) one trace step. The other revision, exported with ``git archive``, runs on the
 same interpreter. ``--smoke``: sqlite without trace only, 10 and 40 commits, against HEAD;
-four callgrind runs, mostly the interpreter's start-up, so its figure says nothing.
+six callgrind runs, mostly the interpreter's start-up, so its figure says nothing.
 """
 
 from __future__ import annotations

@@ -21,6 +21,15 @@ Opener = Callable[..., Any]
 import_libsql()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """With xdist (`-n 4`): a worker holds at most two tests at a time (``--maxschedchunk=1``
+    unless given), so the slow tests, handed out first, spread over every worker instead of
+    queueing on the first one's initial share. Set here rather than in addopts, which would
+    break a run without the plugin (``-p no:xdist``)."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk") is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests marked slow first (each keeping its order): run in parallel, each starts
     while the many short ones run beside it, instead of a long one starting last and

@@ -36,13 +36,14 @@ def alembic_steps(*steps: tuple[Path, str, str]) -> None:
     """Run ``alembic -x url=DB COMMAND TARGET`` for each (db, command, target), in order, in
     one child process."""
     argvs = [[*ALEMBIC[3:], "-x", f"url={db}", *step] for db, *step in steps]
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-c", STEPS, json.dumps(argvs)],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
         timeout=120,
     )
+    assert done.returncode == 0, f"alembic_steps{steps}:\n{done.stderr}"
 
 
 class SyncFacade:

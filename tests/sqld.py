@@ -373,7 +373,12 @@ class SqldServer:
         if self.running:
             raise SqldError(f"sqld is already running (pid {self.pid}) on {self.url}")
         binary = self._binary or sqld_binary()
-        attempts = 1 if (self._port_fixed or self.port is not None) else 3
+        # A port of its own is tried again for a while (a restart on the same port: while the
+        # server was down, another socket of this machine, e.g. a test on another worker, may
+        # have taken it as its ephemeral port for a moment); a free one picked anew is retried
+        # with another port.
+        kept = self._port_fixed or self.port is not None
+        attempts = 20 if kept else 3
         for attempt in range(attempts):
             if self.port is None:
                 self.port = free_port(self.HOST)
@@ -385,7 +390,10 @@ class SqldServer:
                 self.stop()
                 if attempt + 1 == attempts or "Address already in use" not in self.log_tail():
                     raise
-                self.port = None  # lost the race for the port: pick another one
+                if kept:
+                    time.sleep(0.25)
+                else:
+                    self.port = None  # lost the race for the port: pick another one
         raise AssertionError("unreachable")
 
     def _spawn(self, binary: Path) -> None:

@@ -170,9 +170,14 @@ def test_one_store_per_database_however_many_threads_ask(tmp_path: Path) -> None
     ],
 )
 def test_bad_fleets_are_refused_at_once(
-    tmp_path: Path, databases: Any, options: dict[str, Any], error: type, match: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    databases: Any,
+    options: dict[str, Any],
+    error: type,
+    match: str,
 ) -> None:
-    os.chdir(tmp_path)  # a relative x.db would be made here, were anything opened
+    monkeypatch.chdir(tmp_path)  # a relative x.db would be made here, were anything opened
     for kind in (Fleet, AsyncFleet):
         with pytest.raises(error, match=match):
             kind(databases, **options)

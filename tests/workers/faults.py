@@ -70,6 +70,7 @@ def readonly(driver: str, db: Path) -> dict[str, Any]:
             warm.commit(Execution(id="warm", definition_id="f"), [])
             with contextlib.suppress(StoreError):
                 warm.commit(Execution(id="warm", definition_id="f"), [])  # a stale version
+        os.setgroups([])  # root's supplementary groups stay with a process that keeps them
         os.setgid(NOBODY)
         os.setuid(NOBODY)
     report: dict[str, Any] = {}
