@@ -171,6 +171,13 @@ def configure_migrate(parser: argparse.ArgumentParser) -> None:
         help="against a server, how long the migration may take before it is stopped"
         " (default: $HAREL_TIMEOUT, else 30s)",
     )
+    parser.add_argument(
+        "--create",
+        action="store_true",
+        help="with --fleet: create the fleet's local database files that do not exist yet"
+        " (without it, a missing file is an error naming it: a typo makes no new database);"
+        " alone, migrate creates its database anyway",
+    )
 
 
 def drift(where: str) -> tuple[str | None, list[str]]:
