@@ -790,3 +790,50 @@ def test_a_corrupt_summary_is_one_line_and_exit_1(tmp_path: Path) -> None:
     line = failed(cli("show", "kid", "--url", str(db), cwd=tmp_path), 1)
     assert "row of load_execution that does not fit (version: text 'seven'" in line, line
     assert """row '{"id":"kid",""" in line, line
+
+
+# --- the global options, on either side of the command (issue 48) ---
+
+GLOBAL = {
+    "--url": ("url", "a.db", "b.db"),
+    "--sync-url": ("sync_url", "http://127.0.0.1:1", "http://127.0.0.1:2"),
+    "--fleet": ("fleet", "one.txt", "two.txt"),
+    "--jobs": ("jobs", "2", "3"),
+}
+
+
+def test_each_global_option_is_taken_before_or_after_the_command() -> None:
+    from harel_store.cli import build_parser
+
+    for option, (attr, first, second) in GLOBAL.items():
+        for argv in ([option, first, "status"], ["status", option, first]):
+            assert str(getattr(build_parser().parse_args(argv), attr)) == first, argv
+        # one after the command wins over one before; left out after, the one before stands
+        both = build_parser().parse_args([option, first, "status", option, second])
+        assert str(getattr(both, attr)) == second, option
+        before = build_parser().parse_args([option, first, "status", "--json"])
+        assert str(getattr(before, attr)) == first, option
+        assert getattr(build_parser().parse_args(["status"]), attr) is None, option
+
+
+def test_url_before_the_command_runs_it_on_that_database(db: str, tmp_path: Path) -> None:
+    before = json.loads(ok(cli("--url", db, "status", "--json")))
+    after = json.loads(ok(cli("status", "--json", "--url", db)))
+    assert before["executions"] == after["executions"] and before["executions"]["failed"] == 1
+    ignored = str(tmp_path / "not-this.db")
+    later = json.loads(ok(cli("--url", ignored, "status", "--json", "--url", db)))
+    assert later["executions"] == after["executions"]
+    assert not Path(ignored).exists()
+
+
+def test_fleet_and_jobs_after_the_command_run_over_the_fleet(db: str, tmp_path: Path) -> None:
+    fleet_file = tmp_path / "fleet.txt"
+    fleet_file.write_text(f"east {db}\n")
+    for argv in (
+        ("--fleet", str(fleet_file), "status"),
+        ("status", "--fleet", str(fleet_file)),
+        ("--jobs", "1", "status", f"--fleet={fleet_file}"),
+        ("status", "--fleet", str(fleet_file), "--jobs", "1"),
+    ):
+        out = ok(cli(*argv))
+        assert "east: " in out and "1 database, 1 ok, 0 failed" in out, (argv, out)

@@ -46,6 +46,8 @@ from $HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN (or authToken= in the URL); never
 (one "NAME DATABASE" per line, # comments), --jobs at once (default 4): each database's
 output under its name, then a summary; the exit status is the worst of them.
 
+--url, --sync-url, --fleet and --jobs go before or after the command (after it wins).
+
 examples:
   {PROG} demo
   {PROG} migrate --url state.db
@@ -67,29 +69,73 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """--url, --sync-url, --fleet and --jobs: on the top parser (``default`` None) and on
+    each command's (``default`` SUPPRESS, so one given after the command overrides one given
+    before it, and one left out after it leaves the one before alone)."""
+    where = parser.add_argument_group("database")
+    where.add_argument(
+        "--url",
+        default=default,
+        help="a path, file:, http(s)://, libsql://, ws(s):// or sqlite+libsql:// URL",
+    )
+    where.add_argument(
+        "--sync-url",
+        metavar="URL",
+        default=default,
+        help="open --url as an embedded replica of this primary",
+    )
+    many = parser.add_argument_group("fleet")
+    many.add_argument(
+        "--fleet",
+        metavar="FILE",
+        default=default,
+        help="run the command on every database of FILE (one NAME DATABASE per line)",
+    )
+    many.add_argument(
+        "--jobs",
+        type=limit,
+        metavar="N",
+        default=default,
+        help=f"with --fleet: how many databases at once (default {fleet.JOBS})",
+    )
+
+
+_FLEET_OPTIONS = ("--fleet", "--jobs")
+
+
+def _without_fleet(argv: list[str]) -> list[str]:
+    """``argv`` without --fleet and --jobs (and their values), wherever they stand: what
+    each database of the fleet runs. A token that argparse took for one of them is one of
+    them, or an unambiguous prefix of one (``--fl``); never a value, which argparse does not
+    take from a token that starts with ``--``."""
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            rest += argv[i:]
+            break
+        name, eq, _ = token.partition("=")
+        if (
+            len(name) > 2
+            and name.startswith("--")
+            and any(option.startswith(name) for option in _FLEET_OPTIONS)
+        ):
+            i += 1 if eq else 2
+            continue
+        rest.append(token)
+        i += 1
+    return rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog=PROG, description=TOP_HELP, formatter_class=raw)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    parser.add_argument(
-        "--fleet",
-        metavar="FILE",
-        help="run the command on every database of FILE (one NAME DATABASE per line)",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=limit,
-        metavar="N",
-        help=f"with --fleet: how many databases at once (default {fleet.JOBS})",
-    )
+    _global_options(parser, None)
     common = _Parser(add_help=False)
-    where = common.add_argument_group("database")
-    where.add_argument(
-        "--url", help="a path, file:, http(s)://, libsql://, ws(s):// or sqlite+libsql:// URL"
-    )
-    where.add_argument(
-        "--sync-url", metavar="URL", help="open --url as an embedded replica of this primary"
-    )
+    _global_options(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         p = sub.add_parser(
@@ -114,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         if args.fleet is not None:
-            return fleet.run(args, argv)
+            return fleet.run(args, _without_fleet(argv))
         if args.jobs is not None:
             raise ValueError("--jobs is for --fleet: how many of its databases at once")
         return run(args)
