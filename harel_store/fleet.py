@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from harel_store.aio import AsyncLibsqlStore
 from harel_store.checks import (
@@ -27,14 +29,14 @@ from harel_store.checks import (
     check_trace_max,
     encode_cursor,
 )
-from harel_store.connection import parse_database
+from harel_store.connection import DatabaseURL, parse_database
 from harel_store.connection.local import check_local_options
 from harel_store.errors import StoreError
-from harel_store.executions import check_listing
-from harel_store.models import ExecutionPage, ExecutionSummary
+from harel_store.executions import _wait_args, check_listing
+from harel_store.models import Execution, ExecutionPage, ExecutionSummary
 from harel_store.store import LibsqlStore
 
-__all__ = ["AsyncFleet", "Fleet", "rendezvous", "root_key"]
+__all__ = ["AsyncFleet", "Fleet", "identity", "rendezvous", "root_key"]
 
 Route = Callable[[str], str]
 # The options a fleet passes to every database's store: LibsqlStore's, less the ones that
@@ -42,6 +44,7 @@ Route = Callable[[str], str]
 _PER_DATABASE = ("database", "auth_token", "sync_url", "sync_interval")
 _OPTIONS = frozenset(inspect.signature(LibsqlStore).parameters) - set(_PER_DATABASE)
 _MOST_THREADS = 8  # a sync fleet reads at most this many databases at once
+_FINAL = ("finished", "failed", "cancelled")  # what wait_for waits for by default
 
 
 def root_key(execution_id: str) -> str:
@@ -54,6 +57,21 @@ def rendezvous(names: Iterable[str], execution_id: str) -> str:
     """The name whose sha256 of ``name + root key`` is highest (rendezvous hashing)."""
     key = root_key(execution_id)
     return max(names, key=lambda name: (hashlib.sha256((name + key).encode()).digest(), name))
+
+
+def identity(db: DatabaseURL) -> str:
+    """What tells one database from another, however it is spelled: a file's real path
+    (symlinks, ``..`` and the current directory resolved; no file is opened), a server's
+    normalised origin and path (scheme as the store speaks it, host in lower case, the
+    default port written out, no trailing ``/``, no query)."""
+    if db.local is not None:
+        return os.path.realpath(db.local)
+    assert db.remote is not None
+    parts = urlsplit(db.remote)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
 class _Fleet:
@@ -90,6 +108,9 @@ class _Fleet:
         # A remote database is read in a thread of its own (its wait on the server is the
         # cost); local files one after another (libsql holds the GIL through a statement).
         self._remote: set[str] = set()
+        # One database under two names would list every row twice and run two relay loops
+        # on it: refused, by its identity (a path resolved, a URL normalised; no I/O).
+        seen: dict[str, tuple[str, str]] = {}
         for name, database in databases.items():
             check_id(name, "database name")
             db = parse_database(database, auth_token)  # no I/O: its grammar only
@@ -99,6 +120,12 @@ class _Fleet:
                 raise ValueError(
                     f"database {name!r} is :memory:, which no other connection can see: "
                     "give a file or a server"
+                )
+            first = seen.setdefault(identity(db), (name, db.where))
+            if first[0] != name:
+                raise ValueError(
+                    f"{first[0]!r} ({first[1]}) and {name!r} ({db.where}) are one database"
+                    " under two names: give each database once"
                 )
         self._databases = dict(databases)
         self._names = sorted(self._databases)
@@ -252,6 +279,21 @@ class Fleet(_Fleet):
         """The store of the database ``execution_id`` lives in (`route`)."""
         return self.store(self.route(execution_id))
 
+    def wait_for(
+        self,
+        execution_id: str,
+        *,
+        status: str | Iterable[str] = _FINAL,
+        timeout: float,
+    ) -> Execution:
+        """`LibsqlStore.wait_for` on the database ``execution_id`` lives in (`route`): the
+        execution as soon as it exists with a status in ``status``. Raises TimeoutError (the
+        builtin) after ``timeout`` seconds; ValueError/TypeError for a bad id, status or
+        timeout, before any database is opened; StoreError if the database fails."""
+        execution_id, statuses, seconds = _wait_args(execution_id, status, timeout)
+        store = self.store_for(execution_id)
+        return store.wait_for(execution_id, status=statuses, timeout=seconds)
+
     def list_executions(
         self,
         *,
@@ -381,6 +423,18 @@ class AsyncFleet(_Fleet):
     async def store_for(self, execution_id: str) -> AsyncLibsqlStore:
         """As `Fleet.store_for`."""
         return await self.store(self.route(execution_id))
+
+    async def wait_for(
+        self,
+        execution_id: str,
+        *,
+        status: str | Iterable[str] = _FINAL,
+        timeout: float,
+    ) -> Execution:
+        """As `Fleet.wait_for`: `AsyncLibsqlStore.wait_for` on the execution's database."""
+        execution_id, statuses, seconds = _wait_args(execution_id, status, timeout)
+        store = await self.store_for(execution_id)
+        return await store.wait_for(execution_id, status=statuses, timeout=seconds)
 
     async def list_executions(
         self,

@@ -418,3 +418,127 @@ def test_a_server_that_refuses_the_token_shows_no_token(servers: list[Any]) -> N
             fleet.store(name)
         assert secret not in str(caught.value) and secret not in repr(caught.value)
     fleet.close()
+
+
+# -- one database under two names (issue 48, class 13) -------------------------------------
+
+
+def spellings(tmp_path: Path) -> list[tuple[str, str]]:
+    """Pairs of spellings of one database: each pair names the same file or server."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "alias.db").symlink_to(tmp_path / "one.db")  # to a file not made yet
+    return [
+        ("one.db", str(tmp_path / "one.db")),  # relative (from tmp_path) and absolute
+        (str(tmp_path / "alias.db"), str(tmp_path / "one.db")),  # a symlink to the file
+        (str(tmp_path / "link" / "x.db"), str(tmp_path / "real" / "x.db")),  # a linked dir
+        (str(tmp_path / "real" / ".." / "one.db"), "one.db"),
+        (f"file://{tmp_path / 'one.db'}", "one.db"),
+        (f"sqlite+libsql:///{tmp_path / 'one.db'}", str(tmp_path / "one.db")),
+        ("http://db.example:8080", "http://DB.example:8080/"),
+        ("https://db.example", "https://db.example:443/"),
+        ("http://db.example", "http://db.example:80"),
+        ("libsql://db.example", "https://db.example?authToken=other"),
+        ("ws://db.example:8080", "http://db.example:8080"),
+        ("sqlite+libsql://db.example:8080?secure=false", "http://db.example:8080"),
+    ]
+
+
+def test_one_database_under_two_names_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for first, second in spellings(tmp_path):
+        for kind in (Fleet, AsyncFleet):
+            with pytest.raises(ValueError, match="one database under two names") as caught:
+                kind({"east": first, "west": second})
+            message = str(caught.value)
+            assert "'east'" in message and "'west'" in message, message
+            assert "other" not in message  # a token is never shown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alias.db", "link", "real"]
+
+
+def test_different_databases_that_look_alike_are_two(tmp_path: Path) -> None:
+    for first, second in [
+        (str(tmp_path / "a.db"), str(tmp_path / "b.db")),
+        ("http://db.example:8080", "http://db.example:8081"),
+        ("http://db.example", "https://db.example"),  # another port, another server
+        ("http://east.db.example", "http://west.db.example"),  # sqld's namespaces
+        ("http://db.example/a", "http://db.example/b"),
+    ]:
+        assert Fleet({"east": first, "west": second}).names == ["east", "west"]
+
+
+# -- wait_for: routes, then waits ------------------------------------------------------------
+
+
+def test_fleet_wait_for_routes_then_waits(tmp_path: Path) -> None:
+    databases = files(tmp_path)
+    with Fleet(databases) as fleet:
+        ids = [f"order-{i}" for i in range(6)]
+        assert len({fleet.route(i) for i in ids}) > 1
+        for eid in ids:
+            fleet.store_for(eid).save(Execution(id=eid, definition_id="order"))
+
+        def finish() -> None:
+            for eid in ids:
+                store = fleet.store_for(eid)
+                exe = store.load(eid)
+                assert exe is not None
+                store.commit(exe.model_copy(update={"status": "finished"}), [])
+
+        timer = threading.Timer(0.2, finish)
+        timer.start()
+        try:
+            for eid in ids:
+                done = fleet.wait_for(eid, timeout=30)
+                assert (done.id, done.status) == (eid, "finished")
+        finally:
+            timer.join()
+        assert fleet.wait_for("order-2", status="finished", timeout=0).status == "finished"
+        with pytest.raises(TimeoutError):
+            fleet.wait_for("order-99", timeout=0.05)
+        with pytest.raises(ValueError, match="unknown status"):
+            fleet.wait_for("order-1", status="done", timeout=1)
+        with pytest.raises(ValueError, match="execution_id"):
+            fleet.wait_for("", timeout=1)
+    # bad arguments open no database
+    unopened = Fleet(files(tmp_path / "none"))
+    with pytest.raises(ValueError, match="timeout"):
+        unopened.wait_for("order-1", timeout=-1)
+    with pytest.raises(ValueError, match="unknown status"):
+        unopened.wait_for("order-1", status=("finished", "gone"), timeout=1)
+    assert not (tmp_path / "none").exists()
+
+
+def test_async_fleet_wait_for_routes_then_waits(tmp_path: Path) -> None:
+    databases = files(tmp_path)
+
+    async def main() -> None:
+        async with AsyncFleet(databases) as fleet:
+            ids = [f"order-{i}" for i in range(6)]
+            for eid in ids:
+                await (await fleet.store_for(eid)).save(Execution(id=eid, definition_id="order"))
+
+            async def finish() -> None:
+                await asyncio.sleep(0.2)
+                for eid in ids:
+                    store = await fleet.store_for(eid)
+                    exe = await store.load(eid)
+                    assert exe is not None
+                    await store.commit(exe.model_copy(update={"status": "failed"}), [])
+
+            task = asyncio.create_task(finish())
+            done = await asyncio.gather(*(fleet.wait_for(eid, timeout=30) for eid in ids))
+            await task
+            assert [(d.id, d.status) for d in done] == [(eid, "failed") for eid in ids]
+            again = await fleet.wait_for("order-3", status=["failed"], timeout=0)
+            assert again.status == "failed"
+            with pytest.raises(TimeoutError):
+                await fleet.wait_for("order-99", timeout=0.05)
+        unopened = AsyncFleet(files(tmp_path / "none"))
+        with pytest.raises(TypeError):
+            await unopened.wait_for("order-1", timeout="soon")  # type: ignore[arg-type]
+        assert not (tmp_path / "none").exists()
+
+    asyncio.run(main())
