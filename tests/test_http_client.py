@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
 import socket
 import ssl
 import threading
@@ -14,11 +15,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 import trustme
 
 from harel_store import AsyncLibsqlStore, Execution, LibsqlStore, StoreError
+from harel_store.cli import main
 from harel_store.connection.http import (
     AsyncClient,
     BadResponse,
@@ -900,3 +903,87 @@ def test_a_store_behind_a_refusing_proxy_says_so_without_secrets(
         " missing or wrong)"
     )
     assert "wrong-pw" not in repr(info.value) and server.token not in repr(info.value)
+
+
+# --- issue 48 class 9: no part of a proxy's credentials is ever shown ---
+
+# Passwords as users put them in HTTP(S)_PROXY: raw (/, ?, #, @ and : cut a URL before its
+# "@" when it is parsed by the book) and percent-escaped; (in the URL, what the proxy wants).
+PROXY_PASSWORDS = [
+    ("s3cr/et", "s3cr/et"),
+    ("s3cr?et", "s3cr?et"),
+    ("s3cr#et", "s3cr#et"),
+    ("s3cr@et", "s3cr@et"),
+    ("s3:cr:et", "s3:cr:et"),
+    ("s3cr%2Fet%40x", "s3cr/et@x"),
+    ("a/b?c#d@e:f%3Ag", "a/b?c#d@e:f:g"),
+]
+
+
+def assert_no_credentials(text: str, given: str) -> None:
+    """Neither the user name nor any piece of the password (as given, or decoded) shows."""
+    assert "admin" not in text, text
+    for password in (given, unquote(given)):
+        for piece in re.split(r"[/?#@:%]", password):
+            assert len(piece) < 2 or piece not in text, (piece, text)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("given", "password"), PROXY_PASSWORDS)
+def test_a_proxy_password_of_any_characters_is_sent_and_never_shown(
+    mode: str,
+    given: str,
+    password: str,
+    serve: Callable[..., Server],
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """The credentials reach the proxy decoded; a refusal (a wrong password with the same
+    characters), an unreachable proxy and an unusable one name host and port only."""
+    server = serve(answering(echo))
+    with ConnectProxy(server.port, credentials=f"admin:{password}") as proxy:
+        proxy_env.setenv("HTTP_PROXY", proxy.url(f"admin:{given}"))
+        origin = f"http://db.example.invalid:{server.port}"
+        assert [r.body for r in run(mode, origin, [b"1"])] == [b"1"]
+        proxy_env.setenv("HTTP_PROXY", proxy.url(f"admin:x{given}"))
+        with pytest.raises(ConnectFailed) as info:
+            run(mode, origin, [b"1"])
+        assert str(info.value) == (
+            f"the proxy http://127.0.0.1:{proxy.port} refused the tunnel: 407 Proxy"
+            " Authentication Required (its credentials, in the proxy URL, are missing or"
+            " wrong)"
+        )
+        proxy_env.delenv("HTTP_PROXY")
+        proxy_env.setenv("HTTPS_PROXY", proxy.url(f"admin:x{given}"))
+        with pytest.raises(ConnectFailed) as info:
+            run(mode, f"https://db.example.invalid:{server.port}", [b"1"])
+        assert str(info.value).startswith(f"the proxy http://127.0.0.1:{proxy.port} refused")
+    port = closed_port()
+    for variable, origin in [("HTTP_PROXY", "http://h.invalid:1"), ("HTTPS_PROXY", "https://h")]:
+        proxy_env.setenv(variable, f"http://admin:{given}@127.0.0.1:{port}")
+        with pytest.raises(ConnectFailed) as info:
+            run(mode, origin, [b"1"])
+        assert str(info.value) == f"connection refused (the proxy http://127.0.0.1:{port})"
+        proxy_env.setenv(variable, f"http://admin:{given}@127.0.0.1:{port}/path")
+        with pytest.raises(ConnectFailed) as info:
+            run(mode, origin, [b"1"])
+        assert str(info.value) == f"the proxy http://127.0.0.1:{port} has a path, query or fragment"
+        proxy_env.setenv(variable, f"socks5://admin:{given}@127.0.0.1:{port}")
+        with pytest.raises(ConnectFailed) as info:
+            run(mode, origin, [b"1"])
+        assert str(info.value) == (f"the proxy socks5://127.0.0.1:{port} is not http://host[:port]")
+        proxy_env.delenv(variable)
+
+
+@pytest.mark.parametrize(("given", "password"), PROXY_PASSWORDS[:5])
+def test_the_cli_shows_no_proxy_credentials(
+    given: str, password: str, proxy_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a user sees: the CLI's one line names the proxy by host and port."""
+    port = closed_port()
+    proxy_env.setenv("HTTP_PROXY", f"http://admin:{given}@127.0.0.1:{port}")
+    proxy_env.delenv("HAREL_AUTH_TOKEN", raising=False)
+    proxy_env.delenv("TURSO_AUTH_TOKEN", raising=False)
+    assert main(["--url", "http://db.example.invalid:8080", "status"]) == 1
+    err = capsys.readouterr().err
+    assert f"connection refused (the proxy http://127.0.0.1:{port})" in err, err
+    assert_no_credentials(err, given)

@@ -103,6 +103,10 @@ REFUSED = [
     ("http://127.0.0.1:1?authToken=", "authToken= is empty"),
     ("http://127.0.0.1:1?authToken=SECRET&authToken=SECRET", "'authToken' is given twice"),
     ("http://user:SECRET@127.0.0.1:1", "takes no user name or password"),
+    # An @ in the token or a fragment: nothing after it may be shown as if it were the host.
+    ("http://127.0.0.1:1/?authToken=SE@SECRET", "takes no user name or password"),
+    ("libsql://h?tls=0&authToken=SE/x@SECRET.example:9", "takes no user name or password"),
+    ("http://127.0.0.1:1#x@SECRET", "takes no user name or password"),
     ("http://127.0.0.1:1#SECRET", "no #fragment"),
     ("http://127.0.0.1:99999", "the port must be a number"),
     ("http://", "names no host"),

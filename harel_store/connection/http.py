@@ -18,6 +18,7 @@ import asyncio
 import base64
 import contextlib
 import ipaddress
+import re
 import select
 import socket
 import ssl
@@ -48,6 +49,7 @@ _READ = 64 * 1024
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _OWN_HEADERS = frozenset({"host", "content-length", "connection", "transfer-encoding"})
 _Conn = TypeVar("_Conn")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
 
 class HTTPFailure(Exception):
@@ -309,16 +311,24 @@ def _proxy_for(scheme: str, host: str, port: int) -> _Proxy | None:
     url = found.get(scheme) or found.get("all")
     if not url:
         return None
-    parts = urlsplit(url if "://" in url else f"http://{url}")
+    kind, sep, rest = url.partition("://")
+    if not sep or not _SCHEME.fullmatch(kind):  # no scheme ("user:pw@host:port") is http
+        kind, rest = "http", url
+    # Users write passwords raw: one may hold /, ? or # (which end a URL's authority for a
+    # parser by the book) or @. Whatever comes before the last @ is the user part, and the
+    # address after it is all that is ever shown.
+    userinfo, at, address = rest.rpartition("@")
+    parts = urlsplit(f"{kind}://{address}")
     try:
         proxy_port = parts.port or 80
     except ValueError:
         proxy_port = 0
-    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    shown = f"{kind.lower()}://{parts.netloc}"
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]
-    if parts.username is not None:
-        secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    if at:
+        user, _, password = userinfo.partition(":")
+        secret = f"{unquote(user)}:{unquote(password)}"
         lines.append(f"Proxy-Authorization: Basic {base64.b64encode(secret.encode()).decode()}")
     problem = None
     if parts.scheme != "http" or not parts.hostname or not proxy_port:
