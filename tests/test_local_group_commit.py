@@ -234,3 +234,82 @@ def test_writes_waiting_when_the_store_closes_fail_or_land_as_they_say(
             else:
                 assert isinstance(outcome, StoreError) and "closed" in str(outcome), outcome
                 assert stored is None and exe.version == 0
+
+
+def interrupted_group(
+    store: Store, monkeypatch: pytest.MonkeyPatch, *, after_commit: bool
+) -> tuple[list[Execution], list[Any], int]:
+    """Four threads whose commits wait, then go as one group; the thread that leads it is
+    interrupted (KeyboardInterrupt, once) right after its COMMIT ran, or right before.
+    Returns the executions, each thread's outcome (its result or what it raised) and the
+    index of the leader."""
+    conn = local(store)
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(4)]
+    outcomes: list[Any] = [None] * 4
+    leader: list[int] = []
+    commit = LocalConnection._commit
+    names = {f"writer-{i}": i for i in range(4)}
+
+    def interrupted(self: LocalConnection) -> None:
+        if not leader:
+            leader.append(names[threading.current_thread().name])
+            if after_commit:
+                commit(self)
+            raise KeyboardInterrupt
+        commit(self)
+
+    monkeypatch.setattr(LocalConnection, "_commit", interrupted)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = store.commit(exes[i], emit(exes[i], 1))
+        except BaseException as exc:  # the leader's KeyboardInterrupt, or a failure
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"writer-{i}") for i in range(4)]
+    with conn._lock:  # a write under way: the four wait, and go as one group
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(conn._queue) == 4, "every write waits")
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a writer hangs"
+    assert len(leader) == 1
+    return exes, outcomes, leader[0]
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_an_interrupt_after_the_commit_is_the_leaders_alone(
+    driver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every write of the group landed: the others are told so (their seqs, their version
+    moved on); only the leader's thread sees the interrupt."""
+    store = DRIVERS[driver](tmp_path / "group.db")
+    exes, outcomes, lead = interrupted_group(store, monkeypatch, after_commit=True)
+    assert isinstance(outcomes[lead], KeyboardInterrupt), outcomes
+    for i, (exe, outcome) in enumerate(zip(exes, outcomes, strict=True)):
+        stored = store.load(exe.id)
+        assert stored is not None and stored.version == 1, exe.id  # all four landed
+        if i != lead:
+            assert isinstance(outcome, list) and len(outcome) == 1, outcomes
+            assert exe.version == 1
+    store.close()
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_an_interrupt_before_the_commit_leaves_the_others_to_a_new_leader(
+    driver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing of the group was written: the leader's write never lands (its caller was
+    interrupted), the others are written by the next leader and told so, none hangs."""
+    store = DRIVERS[driver](tmp_path / "group.db")
+    exes, outcomes, lead = interrupted_group(store, monkeypatch, after_commit=False)
+    assert isinstance(outcomes[lead], KeyboardInterrupt), outcomes
+    assert store.load(exes[lead].id) is None and exes[lead].version == 0
+    for i, (exe, outcome) in enumerate(zip(exes, outcomes, strict=True)):
+        if i != lead:
+            assert isinstance(outcome, list) and len(outcome) == 1, outcomes
+            stored = store.load(exe.id)
+            assert stored is not None and stored.version == exe.version == 1, exe.id
+    assert not local(store)._queue
+    store.close()

@@ -33,7 +33,13 @@ from urllib.parse import quote
 from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
 from harel_store.checks import check_finite
 from harel_store.connection.watch import FileWatch
-from harel_store.errors import StoreBusy, StoreError, is_driver_error, translate
+from harel_store.errors import (
+    OutcomeUnknown,
+    StoreBusy,
+    StoreError,
+    is_driver_error,
+    translate,
+)
 from harel_store.sql import Query, RowError
 from harel_store.wakeup import Watch
 
@@ -102,6 +108,10 @@ class _LoopWrites:
         self.waiting: collections.deque[_Member] = collections.deque()
 
 
+# What an interrupted group wrote, when it is not its result (`LocalConnection._transaction`).
+_NOT_WRITTEN, _UNKNOWN = object(), object()
+
+
 def _copy(error: BaseException) -> BaseException:
     """The group's failure for one more member: its own copy (one exception raised in several
     threads would gather all their tracebacks)."""
@@ -135,6 +145,7 @@ class LocalConnection:
             weakref.WeakKeyDictionary()
         )
         self._closed = False
+        self._landed: Any = _NOT_WRITTEN  # what the last transaction wrote (`_transaction`)
 
     def execute(self, request: Request) -> Any:
         if isinstance(request, Batch):
@@ -193,38 +204,88 @@ class LocalConnection:
         member = _Member(batch)
         queue = self._queue
         queue.append(member)
-        with self._lock:
+        self._acquire([member])
+        try:
             if member.outcome is None:
                 if len(queue) == 1:  # alone: written as it comes, at no added cost
                     queue.popleft()
                     return self._retried(self._batch, batch)
-                self._lead(member)
+                self._lead([member])
+        finally:
+            self._lock.release()
         return member.result()
 
     def _written(self, members: list[_Member]) -> None:
         """Write ``members`` (in groups with whatever else waits); each has its outcome when
         this returns."""
         self._queue.extend(members)
-        with self._lock:
-            self._lead(members[-1])
+        self._acquire(members)
+        try:
+            self._lead(members)
+        finally:
+            self._lock.release()
 
-    def _lead(self, last: _Member) -> None:
+    def _acquire(self, mine: list[_Member]) -> None:
+        """Take the connection for ``mine``, queued: a caller interrupted while it waits
+        takes its batches back, so that no later group writes what it was told failed."""
+        try:
+            self._lock.acquire()
+        except BaseException:
+            self._withdraw(mine)
+            raise
+
+    def _withdraw(self, mine: list[_Member]) -> None:
+        for member in mine:
+            with suppress(ValueError):  # already taken by a leader: its outcome will tell
+                self._queue.remove(member)
+
+    def _lead(self, mine: list[_Member]) -> None:
         """Group commit, the connection held: batches that arrive while another transaction
         is being written wait in the queue; whichever waiting thread gets the connection
         next writes the queue's batches (up to GROUP_MAX) in one transaction, one fsync for
-        all (`_group`), until ``last`` is written (a thread ahead of it may have done so)."""
+        all (`_group`), until the last of ``mine`` is written (a thread ahead of it may have
+        done so). An interrupt of this thread (KeyboardInterrupt, SystemExit) is its own:
+        the other members get what happened to them (`_interrupted`)."""
+        last = mine[-1]
         while last.outcome is None:
             group = [self._queue.popleft() for _ in range(min(len(self._queue), GROUP_MAX))]
             outcomes: list[tuple[Any, BaseException | None]]
+            self._landed = _NOT_WRITTEN
             try:
                 if len(group) == 1:
                     outcomes = [(self._retried(self._batch, group[0].batch), None)]
                 else:
                     outcomes = self._retried(self._group, group)
-            except BaseException as exc:  # nothing of the group was written, or unknown
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # an interrupt: raised in this thread only
+                    self._interrupted(group, mine)
+                    raise
+                # The store's error: nothing of the group was written (its COMMIT failed).
                 outcomes = [(None, exc if m is last else _copy(exc)) for m in group]
             for m, outcome in zip(group, outcomes, strict=True):
                 m.outcome = outcome
+
+    def _interrupted(self, group: list[_Member], mine: list[_Member]) -> None:
+        """This thread, the leader of ``group``, was interrupted: the others of the group
+        get their real outcome, as `_transaction` left it in ``_landed``. Its COMMIT ran:
+        each its own result; it did not: back at the head of the queue, for the next
+        leader; it cannot be told: OutcomeUnknown. The leader's own batches still waiting
+        are withdrawn (`_acquire`)."""
+        landed, self._landed = self._landed, _NOT_WRITTEN
+        if landed is _NOT_WRITTEN:
+            self._queue.extendleft(reversed([m for m in group if m not in mine]))
+        else:
+            if landed is _UNKNOWN:
+                unknown = OutcomeUnknown(
+                    f"the write to {self.where} was interrupted in another thread; it may or "
+                    "may not have landed: reload to learn which"
+                )
+                outcomes = [(None, _copy(unknown)) for _ in group]
+            else:
+                outcomes = [(landed, None)] if len(group) == 1 else landed
+            for m, outcome in zip(group, outcomes, strict=True):
+                m.outcome = outcome
+        self._withdraw(mine)
 
     async def aexecute(self, request: Request) -> Any:
         """Async version of `execute`, in a worker thread. The batches that an event loop's
@@ -311,16 +372,35 @@ class LocalConnection:
             raise self._found(batch, conflict) from None
 
     def _transaction(self, write: Callable[[T], R], arg: T) -> R:
-        """``write(arg)`` between BEGIN IMMEDIATE and COMMIT; rolled back if anything fails."""
-        self._execute(*_BEGIN)
+        """``write(arg)`` between BEGIN IMMEDIATE and COMMIT; rolled back if anything fails.
+        It leaves in ``_landed`` what it wrote, for `_lead` to tell the others after an
+        interrupt (not the driver's error) wherever it came: the result if the COMMIT ran,
+        `_NOT_WRITTEN`, or `_UNKNOWN` when the connection cannot say."""
+        result: Any = _NOT_WRITTEN
+        self._landed = _NOT_WRITTEN
         try:
-            result = write(arg)
+            self._execute(*_BEGIN)
+            written = write(arg)
+            result = written  # set before the COMMIT: if it ran, this is what it wrote
             self._commit()
-            return result
-        except BaseException:
+            self._landed = written
+            return written
+        except BaseException as exc:
+            if not is_driver_error(exc):
+                self._landed = _NOT_WRITTEN if result is _NOT_WRITTEN else self._committed(result)
             with suppress(Exception):  # rolled back already, or the connection is gone
                 self.db.rollback()
             raise
+
+    def _committed(self, result: Any) -> Any:
+        """After an interrupt that came once the COMMIT was due: ``result`` if it ran (the
+        transaction is over), `_NOT_WRITTEN` if not (still open), `_UNKNOWN` if the
+        connection cannot say."""
+        try:
+            open_ = self.db.in_transaction  # type: ignore[attr-defined]
+        except BaseException:
+            return _UNKNOWN
+        return _NOT_WRITTEN if open_ else result
 
     def _group(self, group: list[_Member]) -> list[tuple[Any, BaseException | None]]:
         """Several batches, one transaction. Each is written as it comes; if one fails (its
