@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 from prometheus_client.parser import text_string_to_metric_families
 
 from harel_store import Event, Execution, LibsqlStore, TimerOp
@@ -157,7 +158,24 @@ def test_without_prometheus_client_it_says_what_to_install(tmp_path: Path) -> No
         [sys.executable, "-c", code, db], capture_output=True, text=True, timeout=60
     )
     line = failed(result)
-    assert "pip install 'harel-store[prometheus]'" in line, line
+    # harel-store is on no registry: the extra's own requirement, or the checkout's extra
+    assert f"pip install '{EXTRAS['prometheus'][0]}'" in line, line
+    assert "pip install -e '.[prometheus]'" in line and "harel-store[" not in line, line
+
+
+EXTRAS = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+    "optional-dependencies"
+]
+
+
+def test_the_install_the_docs_give_is_one_that_works() -> None:
+    """docs/how-to/metrics.md installs an extra the way that works without a registry
+    entry for harel-store: the requirements themselves, or the extra of a checkout."""
+    text = (Path(__file__).parents[1] / "docs/how-to/metrics.md").read_text()
+    assert "harel-store[" not in text
+    for extra in ("prometheus", "otel"):
+        assert f"pip install -e '.[{extra}]'" in text, extra
+        assert f"pip install '{EXTRAS[extra][0]}'" in text, extra
 
 
 # The Prometheus names of the otel extra's instruments, as OpenTelemetry's Prometheus

@@ -20,7 +20,7 @@ from harel_store.connection.revision import revision
 from harel_store.connection.url import token_from_env
 from harel_store.migrate import database_from_env
 from harel_store.models import Execution
-from harel_store.store import LibsqlStore, Store, checked
+from harel_store.store import Store, checked
 
 MAX_SPAN = 100 * 365 * 86400.0  # seconds: any longer duration is a typo
 
@@ -53,16 +53,19 @@ def require_local(database: str, sync_url: str | None) -> None:
         raise Failure(f"{show(database)} does not exist: create it with `{PROG} migrate --url ...`")
 
 
-def open_store(args: argparse.Namespace, *, read_only: bool = False) -> Store:
+def open_store(args: argparse.Namespace, *, read_only: bool = False, check: bool = True) -> Store:
     """The store, checked (never migrated): a schema behind head is a one-line failure.
     ``read_only`` (the commands that only read): a local file is opened for reading only,
-    so read-only media do (see `open_reader`)."""
+    so read-only media do (see `open_reader`). ``check=False``: its schema is not read here
+    (``metrics --listen`` reads it at every scrape)."""
     where = database(args)
     require_local(where, args.sync_url)
     local = parse_database(where).local
     if read_only and args.sync_url is None and local not in (None, ":memory:"):
-        return Store(checked(open_reader(local), migrate=False))
-    return LibsqlStore(where, auth_token=token_from_env(), sync_url=args.sync_url, migrate=False)
+        conn: Connection = open_reader(local)
+    else:
+        conn = open_libsql(where, auth_token=token_from_env(), sync_url=args.sync_url)
+    return Store(checked(conn, migrate=False) if check else conn)
 
 
 @contextmanager

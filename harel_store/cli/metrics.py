@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,13 +17,16 @@ from typing import Any
 
 from harel_store.batch import Plan, statement
 from harel_store.cli.common import Command, database, open_store
-from harel_store.cli.output import PROG, Failure
+from harel_store.cli.output import PROG, Failure, scrub
 from harel_store.connection import show
+from harel_store.connection.revision import ensure_schema
 from harel_store.errors import StoreError
 from harel_store.models import STATUSES
 from harel_store.store import Store
 
 KINDS = ("outbox", "spawn", "timer")
+IDLE_TIMEOUT = 5.0  # seconds a --listen connection may stay silent before it is closed
+MAX_CONNECTIONS = 16  # --listen connections at once; one more is closed as it comes
 
 # name, help, the query's rows it is made of, its label (None: no label)
 GAUGES = (
@@ -39,8 +43,10 @@ GAUGES = (
 )
 
 
-def snapshot(now: float) -> Plan[dict[tuple[str, str | None], float | None]]:
-    """The ``metrics`` statement's rows by (name, label)."""
+def snapshot(where: str, now: float) -> Plan[dict[tuple[str, str | None], float | None]]:
+    """The ``metrics`` statement's rows by (name, label), once the schema is found at head
+    (SchemaError if not: a server at ``--listen`` may be migrated or downgraded under it)."""
+    yield from ensure_schema(where, False)
     rows = yield statement("metrics", now)
     return {(name, label): value for name, label, value in rows}
 
@@ -50,7 +56,7 @@ def families(store: Store, where: str) -> Iterator[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
     now = time.time()
-    read = store._run(snapshot(now))
+    read = store._run(snapshot(where, now))
 
     def family(name: str, text: str, label: str | None = None) -> Any:
         labels = ["database", label] if label else ["database"]
@@ -101,7 +107,8 @@ def _require_client() -> None:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise Failure(
-            "metrics needs prometheus-client: pip install 'harel-store[prometheus]'"
+            "metrics needs prometheus-client: pip install 'prometheus-client>=0.20' "
+            "(or, from a harel-store checkout, pip install -e '.[prometheus]')"
         ) from None
 
 
@@ -115,24 +122,62 @@ def _address(text: str) -> tuple[str, int]:
 def metrics(args: argparse.Namespace) -> int:
     _require_client()
     where = show(database(args))
-    with open_store(args, read_only=True) as store:
-        if args.listen is None:
+    if args.listen is None:
+        with open_store(args, read_only=True) as store:
             sys.stdout.buffer.write(exposition(store, where))
             sys.stdout.flush()
             return 0
+    # Served: the schema is checked at each scrape, not once here (503 until it is at head).
+    with open_store(args, read_only=True, check=False) as store:
         return _serve(store, where, args.listen)
+
+
+class _Server(ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS connections at once, each in a thread of its own; one more
+    is closed as it comes (a flood of idle sockets holds no more threads or descriptors)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: the slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is no news; anything else is one line, no traceback."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            line = scrub(f"{PROG}: a request to /metrics failed: {type(exc).__name__}: {exc}")
+            print(line, file=sys.stderr, flush=True)
 
 
 def _serve(store: Store, where: str, address: tuple[str, int]) -> int:
     class Handler(BaseHTTPRequestHandler):
+        timeout = IDLE_TIMEOUT  # a silent client's connection is closed, its thread freed
+
         def do_GET(self) -> None:
             if self.path.split("?")[0] != "/metrics":
                 self._send(404, b"not found: the gauges are at /metrics\n", "text/plain")
                 return
             try:
                 body = exposition(store, where)
-            except StoreError as exc:  # said in one line, never a secret (the store's words)
-                self._send(503, f"{exc}\n".encode(), "text/plain")
+            except StoreError as exc:  # one line (the store's words, scrubbed of secrets)
+                self._send(503, f"{scrub(str(exc))}\n".encode(), "text/plain")
                 return
             self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
@@ -146,7 +191,7 @@ def _serve(store: Store, where: str, address: tuple[str, int]) -> int:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: a scrape every few seconds is no news."""
 
-    server = ThreadingHTTPServer(address, Handler)
+    server = _Server(address, Handler)
     host, port = str(server.server_address[0]), int(server.server_address[1])
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -182,7 +227,9 @@ status, relay items pending, claimed and dead by kind, timers scheduled, the old
 outbox entry's and spawn's age, the most overdue timer's lag. One consistent read each time.
 
 --listen HOST:PORT serves them at http://HOST:PORT/metrics until SIGTERM (port 0: a free
-port, printed), each scrape one read; a read that fails answers 503 with the store's error.
+port, printed), each scrape one read; a read that fails, or a schema not at head (checked
+at every scrape), answers 503 with the store's one-line error. A connection silent for
+{IDLE_TIMEOUT:g} s is closed; beyond {MAX_CONNECTIONS} at once, a new one is closed at once.
 
 examples:
   {PROG} metrics
