@@ -69,12 +69,12 @@ async def commits(urls: dict[str, str], seconds: float) -> tuple[float, float]:
 
 
 def migrate(tmp: Path, n: int) -> float:
-    """Seconds of ``harel-store --fleet FILE migrate`` over ``n`` fresh files."""
+    """Seconds of ``harel-store --fleet FILE migrate --create`` over ``n`` fresh files."""
     where = tmp / f"migrate-{n}"
     where.mkdir()
     fleet = where / "fleet.txt"
     fleet.write_text("".join(f"db{i} {where / f'db{i}.db'}\n" for i in range(n)))
-    cli = [sys.executable, "-m", "harel_store", "--fleet", str(fleet), "migrate"]
+    cli = [sys.executable, "-m", "harel_store", "--fleet", str(fleet), "migrate", "--create"]
     start = time.perf_counter()
     subprocess.run(cli, check=True, capture_output=True, cwd=ROOT)
     return time.perf_counter() - start

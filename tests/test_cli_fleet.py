@@ -37,18 +37,21 @@ def write_fleet(path: Path, entries: dict[str, str]) -> Path:
 
 @pytest.mark.slow
 def test_migrate_runs_on_every_database_past_a_broken_one(tmp_path: Path, sqld: Any) -> None:
+    from tests.proxy import Proxy
+
     files = {name: str(tmp_path / f"{name}.db") for name in ("a", "b", "c")}
-    fleet = write_fleet(
-        tmp_path / "fleet.txt",
-        {
-            **files,
-            "broken": str(tmp_path / "no-such-dir" / "x.db"),
-            "refused": f"{sqld.url}?authToken={SECRET}",
-            "server": sqld.url,  # its token from the environment, as for --url
-        },
-    )
-    env = {"HAREL_AUTH_TOKEN": sqld.token}
-    result = cli("--fleet", str(fleet), "--jobs", "3", "migrate", env=env)
+    with Proxy(sqld.port) as other:  # another origin: one server under two names is refused
+        fleet = write_fleet(
+            tmp_path / "fleet.txt",
+            {
+                **files,
+                "broken": str(tmp_path / "no-such-dir" / "x.db"),
+                "refused": f"{other.url()}?authToken={SECRET}",
+                "server": sqld.url,  # its token from the environment, as for --url
+            },
+        )
+        env = {"HAREL_AUTH_TOKEN": sqld.token}
+        result = cli("--fleet", str(fleet), "--jobs", "3", "migrate", "--create", env=env)
     assert result.returncode == 1, result.stderr
     no_secret(result, sqld.token)
     for name, path in files.items():
@@ -66,7 +69,7 @@ def test_migrate_runs_on_every_database_past_a_broken_one(tmp_path: Path, sqld: 
     # run again once the broken one is mended: it picks up where it stopped
     (tmp_path / "no-such-dir").mkdir()
     write_fleet(fleet, {**files, "broken": str(tmp_path / "no-such-dir" / "x.db")})
-    again = cli("--fleet", str(fleet), "migrate")
+    again = cli("--fleet", str(fleet), "migrate", "--create")
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1] == "harel-store migrate: 4 databases, 4 ok, 0 failed"
     checked = cli("--fleet", str(fleet), "schema", "--check")
@@ -167,7 +170,7 @@ def test_a_database_whose_run_is_killed_stops_no_other(tmp_path: Path, sqld: Any
             {"a": str(tmp_path / "a.db"), "b-slow": slow.url(), "c": str(tmp_path / "c.db")},
         )
         result = cli(
-            "--fleet", str(fleet), "--jobs", "1", "migrate", "--timeout", "1",
+            "--fleet", str(fleet), "--jobs", "1", "migrate", "--create", "--timeout", "1",
             env={"HAREL_AUTH_TOKEN": sqld.token},
         )  # fmt: skip
     assert result.returncode == 137, result.stderr
@@ -180,3 +183,101 @@ def test_a_database_whose_run_is_killed_stops_no_other(tmp_path: Path, sqld: Any
         "harel-store migrate: 3 databases, 2 ok, 1 failed: b-slow (exit status 137)"
     )
     no_secret(result, sqld.token)
+
+
+# -- issue 48: one database twice, a missing file, comments, order, one usage error --------
+
+
+def test_a_fleet_file_naming_one_database_twice_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for body in [
+        f"east {tmp_path / 'real' / 'x.db'}\nwest {tmp_path / 'link' / 'x.db'}\n",
+        f"east x.db\nwest {tmp_path / 'x.db'}\n",  # relative (from the cwd) and absolute
+        f"east http://db.example:8080?authToken={SECRET}\nwest http://DB.example:8080/\n",
+    ]:
+        fleet = tmp_path / "fleet.txt"
+        fleet.write_text(body)
+        result = cli("--fleet", str(fleet), "migrate", "--create", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "one database under two names" in result.stderr
+        assert "'east'" in result.stderr and "'west'" in result.stderr
+        no_secret(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.txt", "link", "real"]
+    assert list((tmp_path / "real").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_fleet_command_creates_no_missing_database_unless_asked(tmp_path: Path) -> None:
+    there = str(tmp_path / "there.db")
+    assert cli("migrate", "--url", there).returncode == 0
+    typo = tmp_path / "thre.db"
+    fleet = write_fleet(tmp_path / "fleet.txt", {"a": there, "b": str(typo)})
+    for args in (
+        ["migrate"],
+        ["status"],
+        ["ls"],
+        ["schema", "--check"],
+        ["gc", "--finished-older-than", "1d"],
+    ):
+        result = cli("--fleet", str(fleet), *args)
+        assert result.returncode == 1, (args, result.stderr)
+        said = "\n".join(lines_of(result, "b", "stderr"))
+        assert f"{typo} does not exist" in said and "migrate --create" in said, args
+        # the other still ran
+        assert result.stdout.splitlines()[-1].endswith("1 ok, 1 failed: b (exit status 1)")
+        assert not typo.exists(), args
+
+    created = cli("--fleet", str(fleet), "migrate", "--create")
+    assert created.returncode == 0, created.stderr
+    assert lines_of(created, "b") == [f"{typo}: schema at revision {HEAD} (head {HEAD})"]
+    assert typo.exists()
+
+
+@pytest.mark.slow
+def test_a_comment_may_end_a_line_and_a_hash_inside_a_path_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "no#1").mkdir()
+    databases = {"a": str(tmp_path / "a.db"), "b": str(tmp_path / "no#1" / "b#2.db")}
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text(
+        "# name  database\n"
+        f"a  {databases['a']}  # the first\n"
+        f"b\t{databases['b']}\t# a '#' inside a path is the path's\n"
+        "   # indented comment\n"
+    )
+    result = cli("--fleet", str(fleet), "migrate", "--create")
+    assert result.returncode == 0, result.stderr
+    for name, path in databases.items():
+        assert lines_of(result, name) == [f"{path}: schema at revision {HEAD} (head {HEAD})"]
+        assert Path(path).exists()
+
+
+@pytest.mark.slow
+def test_sections_print_by_name_whatever_order_they_finish_in(tmp_path: Path, sqld: Any) -> None:
+    from tests.proxy import Proxy
+
+    fast = str(tmp_path / "fast.db")
+    assert cli("migrate", "--url", fast).returncode == 0
+    with Proxy(sqld.port) as slow:
+        slow.delay = 0.5  # "a-slow" finishes well after "b-fast", "c-fast"
+        fleet = write_fleet(tmp_path / "fleet.txt", {"a-slow": slow.url(), "b-fast": fast})
+        result = cli(
+            "--fleet", str(fleet), "--jobs", "2", "status", env={"HAREL_AUTH_TOKEN": sqld.token}
+        )
+    assert result.returncode == 0, result.stderr
+    names = [line.split(": ", 1)[0] for line in result.stdout.splitlines()[:-1]]
+    assert names and names == sorted(names), result.stdout
+    assert set(names) == {"a-slow", "b-fast"}
+
+
+@pytest.mark.slow
+def test_gc_without_an_age_prints_its_usage_error_once(tmp_path: Path) -> None:
+    fleet = write_fleet(tmp_path / "fleet.txt", {n: str(tmp_path / f"{n}.db") for n in "abcdef"})
+    assert cli("--fleet", str(fleet), "migrate", "--create").returncode == 0
+    result = cli("--fleet", str(fleet), "--jobs", "3", "gc")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "harel-store: error: nothing to collect: give --finished-older-than,"
+        " --markers-older-than or --dead-older-than"
+    ]
+    assert result.stdout == ""

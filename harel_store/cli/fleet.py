@@ -1,14 +1,19 @@
 """``--fleet FILE``: run one command over every database of a fleet, several at once.
 
-FILE holds one ``NAME DATABASE`` per line (``#`` starts a comment line; blank lines are
-skipped); DATABASE is what ``--url`` takes, its token as for ``--url`` (``authToken=`` in the
-URL, else ``$HAREL_AUTH_TOKEN``, else ``$TURSO_AUTH_TOKEN``). Each database runs the very
-command ``harel-store COMMAND ...`` runs on one database, in a worker process (`Worker`:
-``--jobs`` of them, each running one database after another, its database handed over on
-a pipe, never on a command line); its output comes back line by line under its name, then
-a summary. A database that
-fails does not stop the others; the exit status is the worst of them. ``migrate`` is
-idempotent, so running it again picks up where a run stopped.
+FILE holds one ``NAME DATABASE`` per line; a comment starts at a ``#`` that begins the line
+or follows a space or tab (a ``#`` inside a path is the path's), blank lines are skipped.
+DATABASE is what ``--url`` takes, its token as for ``--url`` (``authToken=`` in the URL, else
+``$HAREL_AUTH_TOKEN``, else ``$TURSO_AUTH_TOKEN``); two lines naming one database (a
+symlink, a relative and an absolute path) are refused, as `Fleet` refuses them. A local
+file that does not exist is an error naming it, never a new empty database (a typo), unless
+``migrate --create`` asks for it. Each database runs the very command ``harel-store COMMAND
+...`` runs on one database, in a worker process (`Worker`: ``--jobs`` of them, each running
+one database after another, its database handed over on a pipe, never on a command line);
+its output comes back line by line under its name, by name whatever order they finish in,
+then a summary. A database that fails does not stop the others; the exit status is the
+worst of them. A usage error (exit status 2) is the command line's, the same for every
+database: the first stops the run (no other database is started) and it is printed once.
+``migrate`` is idempotent, so running it again picks up where a run stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import io
 import json
 import os
 import queue
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -27,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, NamedTuple
 
 from harel_store.cli.output import PROG, Failure, colour_on, to_json
-from harel_store.connection import parse_database
+from harel_store.connection import parse_database, show
 from harel_store.connection.url import token_from_env
 from harel_store.fleet import Fleet
 
@@ -36,6 +43,8 @@ __all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
 COMMANDS = ("migrate", "status", "schema", "gc", "ls")  # what runs over a fleet
 JOBS = 4  # databases at once, unless --jobs says otherwise
 _TOP = ("--fleet", "--jobs")  # the top-level options that take a value
+_COMMENT = re.compile(r"(?:^|[ \t])#")  # a '#' that starts the line or follows a blank
+USAGE = 2  # the exit status of a usage error: the command line's, not a database's
 
 
 class Outcome(NamedTuple):
@@ -58,8 +67,8 @@ def read_fleet(path: str) -> dict[str, str]:
         raise Failure(f"cannot read the fleet file {path}: {exc}") from None
     databases: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
+        text = _COMMENT.split(line, maxsplit=1)[0].strip()
+        if not text:
             continue
         fields = text.split()
         if len(fields) != 2:
@@ -201,6 +210,12 @@ def serve(main: Callable[[list[str]], int]) -> None:
         channel.flush()
 
 
+def missing(database: str) -> bool:
+    """Whether ``database`` is a local file that does not exist (no server is asked)."""
+    local = parse_database(database).local
+    return local is not None and local != ":memory:" and not os.path.exists(local)
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``harel-store --fleet FILE COMMAND ...``: COMMAND on every database of FILE."""
     _check(args)
@@ -209,10 +224,18 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     secrets = sorted(
         {parse_database(db).auth_token for db in databases.values()} - {""}, key=len, reverse=True
     )
+    names = sorted(databases)
+    outcomes: dict[str, Outcome] = {}
+    create = args.command == "migrate" and bool(getattr(args, "create", False))
     todo: queue.SimpleQueue[str] = queue.SimpleQueue()
-    for name in sorted(databases):
-        todo.put(name)
-    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    for name in names:
+        if not create and missing(databases[name]):  # a typo, not a database to make
+            how = f"{PROG} --fleet {shlex.quote(args.fleet)} migrate --create"
+            why = f"{show(databases[name])} does not exist: create it with `{how}`"
+            outcomes[name] = Outcome(name, 1, [], [f"{PROG}: error: {why}"])
+        else:
+            todo.put(name)
+    done: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()  # None: a thread ended
     stop = threading.Event()
 
     def work() -> None:
@@ -229,33 +252,77 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     done.put(Outcome(name, 1, [], [f"{PROG}: error: {type(exc).__name__}"]))
         finally:
             worker.close()
+            done.put(None)
 
     threads = [
         threading.Thread(target=work, name="harel-fleet", daemon=True)
-        for _ in range(min(args.jobs or JOBS, len(databases)))
+        for _ in range(min(args.jobs or JOBS, todo.qsize()))
     ]
     for thread in threads:
         thread.start()
-    progress = colour_on(sys.stderr)
-    as_json = bool(getattr(args, "json", False))
-    outcomes: list[Outcome] = []
+    shown = _Shown(names, outcomes, bool(getattr(args, "json", False)))
+    ended = 0
     try:
-        while len(outcomes) < len(databases):
+        shown.flush()
+        while ended < len(threads):
             outcome = done.get()
-            outcomes.append(outcome)
-            if progress:
-                print("\r\x1b[2K", end="", file=sys.stderr)
-            _show(outcome, as_json)
-            if progress:
-                line = f"{len(outcomes)}/{len(databases)} databases done"
-                print(f"\r\x1b[2K{line}", end="", file=sys.stderr, flush=True)
+            if outcome is None:
+                ended += 1
+                continue
+            outcomes[outcome.name] = outcome
+            if outcome.status == USAGE:
+                stop.set()  # the command line is wrong: no other database is started
+            shown.flush()
     finally:
         stop.set()  # an interrupted run starts no other database
         for thread in threads:
             thread.join()
-        if progress:
+        shown.end()
+    return shown.finish(args.command)
+
+
+class _Shown:
+    """The outcomes printed by name, each once every name before it is done (whatever order
+    they finish in), a progress line on a terminal meanwhile; a usage error held back until
+    the end, where it is printed once if it is all there is."""
+
+    def __init__(self, names: list[str], outcomes: dict[str, Outcome], as_json: bool) -> None:
+        self._names = names
+        self._outcomes = outcomes
+        self._as_json = as_json
+        self._next = 0  # the first name not printed yet
+        self._progress = colour_on(sys.stderr)
+
+    def flush(self) -> None:
+        if self._progress:
+            print("\r\x1b[2K", end="", file=sys.stderr)
+        while self._next < len(self._names):
+            outcome = self._outcomes.get(self._names[self._next])
+            if outcome is None or outcome.status == USAGE:
+                break
+            _show(outcome, self._as_json)
+            self._next += 1
+        if self._progress:
+            line = f"{len(self._outcomes)}/{len(self._names)} databases done"
+            print(f"\r\x1b[2K{line}", end="", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        if self._progress:
             print("\r\x1b[2K", end="", file=sys.stderr, flush=True)
-    return _summary(outcomes, args.command, as_json)
+
+    def finish(self, command: str) -> int:
+        """The rest, by name, and the summary; the exit status."""
+        found = list(self._outcomes.values())
+        usage = {tuple(o.err) for o in found if o.status == USAGE}
+        if len(usage) == 1 and all(o.status == USAGE for o in found):
+            for line in usage.pop():  # the command line's error, once (as without --fleet)
+                print(line, file=sys.stderr)
+            return USAGE
+        for name in self._names[self._next :]:
+            if name in self._outcomes:
+                _show(self._outcomes[name], self._as_json)
+        not_run = len(self._names) - len(found)
+        return _summary(found, command, self._as_json, not_run)
 
 
 def _show(outcome: Outcome, as_json: bool) -> None:
@@ -282,13 +349,15 @@ def _show(outcome: Outcome, as_json: bool) -> None:
     sys.stderr.flush()
 
 
-def _summary(outcomes: list[Outcome], command: str, as_json: bool) -> int:
+def _summary(outcomes: list[Outcome], command: str, as_json: bool, not_run: int = 0) -> int:
     """The summary line (on stdout; with --json, on stderr) and the worst exit status."""
     failed = sorted((o for o in outcomes if o.status), key=lambda o: o.name)
-    total = len(outcomes)
+    total = len(outcomes) + not_run
     line = f"{PROG} {command}: {total} database{'' if total == 1 else 's'}, "
-    line += f"{total - len(failed)} ok, {len(failed)} failed"
+    line += f"{len(outcomes) - len(failed)} ok, {len(failed)} failed"
     if failed:
         line += ": " + ", ".join(f"{o.name} (exit status {o.status})" for o in failed)
+    if not_run:
+        line += f"; {not_run} not run (stopped at a usage error)"
     print(line, file=sys.stderr if as_json else sys.stdout)
     return max((o.status for o in outcomes), default=0)
