@@ -987,3 +987,84 @@ def test_the_cli_shows_no_proxy_credentials(
     err = capsys.readouterr().err
     assert f"connection refused (the proxy http://127.0.0.1:{port})" in err, err
     assert_no_credentials(err, given)
+
+
+# --- issue 48 class 12: a hanging resolver costs one thread per host, not one per request ---
+
+
+def resolve_threads() -> int:
+    return sum(
+        t.name == "harel-resolve" or t.name.startswith("asyncio_") for t in threading.enumerate()
+    )
+
+
+@pytest.fixture
+def hanging_resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """``socket.getaddrinfo`` hangs for every ``.invalid`` name (a silent DNS server);
+    yields the names asked, in order. Released at the end of the test."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+    asked: list[str] = []
+
+    def held(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if not str(host).endswith(".invalid") or kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+            return real(host, *args, **kwargs)  # other tests' threads resolve 127.0.0.1
+        asked.append(host)
+        release.wait(30)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", held)
+    yield asked
+    release.set()
+
+
+def test_a_hanging_resolver_holds_one_thread_per_host(hanging_resolver: list[str]) -> None:
+    before = resolve_threads()
+    client = Client("http://held.invalid:9", headers={}, timeout=0.05, ssl_context=None)
+    try:
+        for _ in range(40):
+            with pytest.raises(TimedOut, match=r"timed out after 0\.05 s"):
+                client.post("/", b"1")
+        assert resolve_threads() - before <= 1
+        assert hanging_resolver == ["held.invalid"]  # the later requests waited for it
+    finally:
+        client.close()
+    # Another host is asked at once, not after the one that hangs.
+    other = Client("http://other.invalid:9", headers={}, timeout=0.05, ssl_context=None)
+    with pytest.raises(TimedOut):
+        other.post("/", b"1")
+    assert hanging_resolver == ["held.invalid", "other.invalid"]
+
+
+def test_a_hanging_resolver_neither_fills_nor_holds_up_the_event_loop(
+    hanging_resolver: list[str],
+) -> None:
+    """The async client's lookups share the sync client's: 40 of them on one loop neither
+    queue on its default executor nor keep `asyncio.run` from returning."""
+    before = resolve_threads()
+    counted: list[int] = []
+
+    async def main() -> None:
+        client = AsyncClient("http://held-a.invalid:9", headers={}, timeout=0.05, ssl_context=None)
+        for _ in range(40):
+            with pytest.raises(TimedOut):
+                await client.post("/", b"1")
+        counted.append(resolve_threads() - before)
+        assert await asyncio.to_thread(lambda: 7) == 7  # the executor is free
+        await client.aclose()
+
+    runner = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    runner.start()
+    runner.join(5)
+    assert not runner.is_alive(), "asyncio.run is held up by the resolver's threads"
+    assert counted and counted[0] <= 1
+    assert hanging_resolver == ["held-a.invalid"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_name_no_resolver_can_take_is_a_connect_failure(mode: str) -> None:
+    """(Found beside class 12.) IDNA refuses an empty label: a ConnectFailed, not a raw
+    UnicodeError, and no lookup stays behind in flight for it."""
+    for _ in range(2):
+        with pytest.raises(ConnectFailed, match="cannot resolve the host name: not a host name"):
+            run(mode, "http://a..b:1", [b"1"])

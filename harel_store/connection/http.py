@@ -18,6 +18,7 @@ import asyncio
 import base64
 import contextlib
 import ipaddress
+import os
 import re
 import select
 import socket
@@ -25,9 +26,10 @@ import ssl
 import sys
 import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from time import monotonic
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
 from urllib.request import getproxies_environment
 
@@ -562,33 +564,102 @@ class Client(_Origin[socket.socket]):
             raise
 
 
-def _resolve(host: str, port: int, wait: float) -> list[str] | None:
-    """``host``'s addresses, resolved within ``wait`` seconds (None: not in time): the
-    resolver has no timeout of its own, so a worker thread asks it. An IP address needs no
-    resolver."""
+_AddrInfo = list[tuple[Any, ...]]  # getaddrinfo's: family, type, proto, name, address
+_lookups: dict[tuple[str, int], Future[_AddrInfo]] = {}  # the lookups in flight
+_lookups_lock = threading.Lock()
+
+
+def _forget_lookups() -> None:
+    """In a forked child: the lookups in flight were the parent's threads', which are gone."""
+    global _lookups_lock
+    _lookups.clear()
+    _lookups_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_lookups)
+
+
+def _numeric(host: str, port: int) -> _AddrInfo | None:
+    """``host`` as an address, if it is an IP address (that needs no resolver)."""
     try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
-        return [host]
-    except socket.gaierror:
-        pass
-    found: list[list[str] | OSError] = []
-    done = threading.Event()
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError):  # UnicodeError: a name IDNA cannot encode
+        return None
+
+
+def _lookup(host: str, port: int) -> Future[_AddrInfo]:
+    """``getaddrinfo(host, port)`` on a thread, as the resolver has no timeout of its own:
+    one lookup per host and port at a time, which every request that needs it meanwhile
+    waits for (each within its own deadline), so a resolver that hangs holds one thread, not
+    one per request. Its outcome is not kept: the next request after it asks again."""
+    key = (host, port)
+    with _lookups_lock:
+        future = _lookups.get(key)
+        if future is not None:
+            return future
+        future = _lookups[key] = Future()
+        future.set_running_or_notify_cancel()  # a waiter that gives up cancels nothing
 
     def ask() -> None:
         try:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            hosts = list(dict.fromkeys(str(entry[4][0]) for entry in info))
-            found.append(hosts or OSError("no address for the host"))
-        except OSError as exc:
-            found.append(exc)
-        done.set()
+        except Exception as exc:  # UnicodeError too
+            outcome: _AddrInfo | OSError = (
+                exc if isinstance(exc, OSError) else socket.gaierror(f"not a host name ({exc})")
+            )
+        else:
+            outcome = info or OSError("no address for the host")
+        with _lookups_lock:
+            if _lookups.get(key) is future:
+                del _lookups[key]
+        if isinstance(outcome, OSError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
-    threading.Thread(target=ask, daemon=True, name="harel-resolve").start()
-    if not done.wait(wait):
-        return None
-    if isinstance(found[0], OSError):
-        raise found[0]
-    return found[0]
+    try:
+        threading.Thread(target=ask, daemon=True, name="harel-resolve").start()
+    except RuntimeError as exc:  # "can't start new thread"
+        with _lookups_lock:
+            if _lookups.get(key) is future:
+                del _lookups[key]
+        raise OSError(f"no thread to resolve the host name: {exc}") from None
+    return future
+
+
+def _own(exc: OSError) -> OSError:
+    """A copy of a lookup's failure, which many waiters may raise at once."""
+    try:
+        return type(exc)(*exc.args)
+    except (TypeError, ValueError):
+        return OSError(*exc.args)
+
+
+def _resolve(host: str, port: int, wait: float) -> list[str] | None:
+    """``host``'s addresses, resolved within ``wait`` seconds (None: not in time)."""
+    info = _numeric(host, port)
+    if info is None:
+        try:
+            info = _lookup(host, port).result(wait)
+        except TimeoutError:
+            return None
+        except OSError as exc:
+            raise _own(exc) from None
+    return list(dict.fromkeys(str(entry[4][0]) for entry in info))
+
+
+async def _resolve_async(host: str, port: int) -> _AddrInfo:
+    """`_resolve` for a task: the same lookups, bounded by the request's own timeout (and
+    not on the loop's executor, where a hanging resolver would fill it and hold up
+    ``asyncio.run``'s shutdown)."""
+    info = _numeric(host, port)
+    if info is not None:
+        return info
+    try:
+        return await asyncio.wrap_future(_lookup(host, port))
+    except OSError as exc:
+        raise _own(exc) from None
 
 
 class Stream:
@@ -821,12 +892,7 @@ class AsyncClient(_Origin[_Socket]):
             raise ConnectFailed(proxy.problem)
         host, port = self._dial
         try:
-            try:  # an IP address needs no resolver (nor a worker thread to wait for it)
-                addresses = socket.getaddrinfo(
-                    host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
-                )
-            except socket.gaierror:
-                addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = await _resolve_async(host, port)
         except OSError as exc:
             raise _connect_failure(exc, proxy) from exc
         failure: OSError = OSError("no address for the host")
