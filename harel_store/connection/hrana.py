@@ -91,7 +91,8 @@ def _column(value: dict[str, Any]) -> Any:
             raise TypeError("a text value that is not a string")
         return text
     if kind == "blob":
-        return base64.b64decode(value["base64"])
+        coded = value["base64"]  # sqld sends it without its padding
+        return base64.b64decode(coded + "=" * (-len(coded) % 4))
     if kind == "null":
         return None
     raise ValueError(f"a value of an unknown type {str(kind)[:20]!r}")
