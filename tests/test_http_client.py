@@ -1068,3 +1068,55 @@ def test_a_name_no_resolver_can_take_is_a_connect_failure(mode: str) -> None:
     for _ in range(2):
         with pytest.raises(ConnectFailed, match="cannot resolve the host name: not a host name"):
             run(mode, "http://a..b:1", [b"1"])
+
+
+# --- issue 48 class 14: a stream of a fixed length is handed on as it arrives ---
+
+
+def test_a_stream_with_a_content_length_is_handed_on_as_it_arrives(
+    serve: Callable[..., Server],
+) -> None:
+    """A proxy that gives sqld's event stream a Content-Length: each event is read when it
+    comes, not when the (here 1 MB) body ends; the body ends at its length, and one cut
+    short is Broken."""
+    events = [b"event: changes\ndata: %d\n\n" % i for i in range(3)]
+    length = 1_000_000
+
+    def dribble(conn: socket.socket, server: Server) -> None:
+        buf = bytearray()
+        while b"\r\n\r\n" not in buf:
+            buf += conn.recv(4096)
+        path = buf.split(b" ")[1]
+        size = length if path == b"/long" else sum(map(len, events))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+        conn.sendall(b"Content-Length: %d\r\n\r\n" % size)
+        for event in events:
+            conn.sendall(event)
+            server.stop.wait(0.3)
+        if path == b"/long":
+            server.stop.wait(10)  # the rest of the body never comes (the proxy holds it)
+
+    server = serve(dribble)
+    client = Client(server.origin, headers={}, timeout=5, ssl_context=None)
+    try:
+        stream = client.stream("/long")
+        assert stream.status == 200 and stream.headers["content-length"] == str(length)
+        got = b""
+        while got != b"".join(events):
+            got += stream.read(2)  # TimedOut if the body is held until its end
+        stream.close()
+        whole = client.stream("/whole")
+        got = b""
+        while data := whole.read(2):
+            got += data
+        assert got == b"".join(events)
+        assert whole.read(2) == b""
+        whole.close()
+        short = client.stream("/long")
+        server.close()  # the server goes away with 999,9xx bytes of the body still due
+        with pytest.raises(Broken, match="before the answer was complete"):
+            while short.read(2):
+                pass
+        short.close()
+    finally:
+        client.close()

@@ -703,12 +703,18 @@ class Stream:
         return body
 
     def _take(self) -> bool:
-        """Whether body bytes are ready (a body read to the connection's end is taken as
-        it comes, not at its end)."""
+        """Whether body bytes are ready (a body read to the connection's end, or of a
+        length a proxy set, is taken as it comes, not at its end)."""
         parser = self._parser
         if parser.state == _TO_EOF and parser.buf:
             parser.body += parser.buf
             parser.buf.clear()
+        elif parser.state == _LENGTH and parser.buf and not self._ended:
+            take = min(parser.left, len(parser.buf))
+            parser.body += parser.buf[:take]
+            del parser.buf[:take]
+            parser.left -= take
+            self._ended = not parser.left
         return bool(parser.body)
 
     def close(self) -> None:
