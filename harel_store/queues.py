@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -367,6 +368,47 @@ def _add_claim(
     return mark, batch.add(names[1], worker, limit, lease, *timer, max_attempts)
 
 
+# What a claim carries beside each item (0010), and what it is read as when a foreign client
+# wrote there something the store does not: (database, kind, column) already logged.
+_UNKNOWN = {"created_at": "an unknown time", "traceparent": "no trace context"}
+_foreign_seen: set[tuple[str, str, str]] = set()
+
+
+def _foreign(database: str, item: RelayItem, column: str, value: object) -> None:
+    """Log, once a database, kind and column in this process, a value of ``column`` that
+    is not what the store writes there."""
+    key = (database, _key(item)[0], column)
+    if key in _foreign_seen:
+        return
+    _foreign_seen.add(key)
+    log.warning(
+        "%s: its %s is not what the store writes there (%s %.40r): read as %s; further such "
+        "values of this kind are not logged",
+        describe(item),
+        column,
+        type(value).__name__,
+        value,
+        _UNKNOWN[column],
+    )
+
+
+def _carried(database: str, items: list[Any]) -> list[Any]:
+    """``items`` as claimed, their written time (epoch seconds) and trace context (a text)
+    kept only when they are what the store writes: anything else is none (logged)."""
+    for item in items:
+        written = item._written_at
+        if written is not None and not (type(written) in (int, float) and math.isfinite(written)):
+            _foreign(database, item, "created_at", written)
+            item._written_at = None
+        elif written is not None:
+            item._written_at = float(written)
+        context = item._traceparent
+        if context is not None and type(context) is not str:
+            _foreign(database, item, "traceparent", context)
+            item._traceparent = None
+    return items
+
+
 def _claimed(
     database: str, kind: DeadKind, results: Sequence[Any], steps: tuple[int | None, int]
 ) -> list[Any]:
@@ -377,7 +419,8 @@ def _claimed(
     mark, claim = steps
     if mark is not None:
         log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
-    return stamped(sorted(decoded(results[claim], decode), key=order), database)
+    items = _carried(database, decoded(results[claim], decode))
+    return stamped(sorted(items, key=order), database)
 
 
 def _claim(

@@ -515,9 +515,11 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_outbox
--- row: seq int, target_id text?, event text, created_at real?, traceparent text?
+-- row: seq int, target_id text?, event text, created_at any, traceparent any
 -- A claim also hands its relay when each item was written and the trace context it was
--- written in (0010): the relay's lag and its handler span's link.
+-- written in (0010): the relay's lag and its handler span's link. Those two are read as
+-- `any`: a value of another type (a foreign client's) is read as none by the store
+-- (harel_store/queues.py), never a reply that does not fit, which would stop every claim.
 UPDATE harel_outbox
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -594,7 +596,7 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_spawns
--- row: seq int, parent_id text, child_id text, root_path text, context text, created_at real?, traceparent text?
+-- row: seq int, parent_id text, child_id text, root_path text, context text, created_at any, traceparent any
 UPDATE harel_spawns
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -663,7 +665,7 @@ WHERE (execution_id, path) IN (
 RETURNING execution_id, path, fire_at, attempts, last_error;
 
 -- name: claim_due_timers
--- row: execution_id text, path text, fire_at real, traceparent text?
+-- row: execution_id text, path text, fire_at real, traceparent any
 -- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's;
 -- ?5 max_attempts.
 UPDATE harel_timers

@@ -7,11 +7,12 @@ tests/test_model.py does, and never wait on it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
-from harel_store import Event, Execution, TimerOp
+from harel_store import Event, Execution, TimerOp, queues
 from tests.helpers import raw
 
 
@@ -141,3 +142,61 @@ def test_a_corrupt_row_is_skipped_by_the_claim_not_the_whole_relay(
     assert store.stats(0.0).claimed_outbox == 4  # the corrupt one stays under the lease
     store.ack_outbox(2)  # an operator deals with it
     assert store.stats(0.0).pending_outbox == 3
+
+
+def test_a_foreign_value_in_a_claims_written_time_or_trace_context_blocks_no_queue(
+    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A foreign client wrote a BLOB trace context or a text written time (not what the
+    store writes there): the claim reads it as no context / an unknown time, logs it once,
+    and hands the row out as any other; at max_attempts it becomes a dead letter."""
+    # Logged once a process for each database (this test's server serves others too).
+    monkeypatch.setattr(queues, "_foreign_seen", set())
+    seed(store, 3)
+    db = raw(store)
+    db.execute("UPDATE harel_outbox SET traceparent = X'00ff' WHERE seq = 1")
+    db.execute("UPDATE harel_outbox SET created_at = 'yesterday' WHERE seq = 2")
+    db.execute("UPDATE harel_spawns SET traceparent = X'01' WHERE seq = 1")
+    db.execute("UPDATE harel_spawns SET created_at = X'02' WHERE seq = 2")
+    db.execute("UPDATE harel_timers SET traceparent = X'03' WHERE execution_id = 'e1'")
+    db.commit()
+    store.sync()
+    with caplog.at_level(logging.WARNING, logger="harel_store"):
+        outbox = store.claim_outbox("w1", limit=10, max_attempts=2)
+        spawns = store.claim_spawns("w1", limit=10, max_attempts=2)
+        timers = store.claim_due_timers("w1", 10.0, limit=10, max_attempts=2)
+    assert [e.seq for e in outbox] == [s.seq for s in spawns] == [1, 2, 3]
+    assert [t.execution_id for t in timers] == ["e0", "e1", "e2"]
+    assert [e._traceparent for e in outbox] == [s._traceparent for s in spawns] == [None] * 3
+    assert [t._traceparent for t in timers] == [None] * 3
+    for claimed in (outbox, spawns):
+        assert claimed[1]._written_at is None
+        assert all(isinstance(e._written_at, float) for e in (claimed[0], claimed[2]))
+    messages = [r.getMessage() for r in caplog.records]
+    foreign = [m for m in messages if "not what the store writes" in m]
+    assert len(foreign) == 5, foreign
+    assert any("outbox entry 1" in m and "traceparent" in m for m in foreign)
+    assert any("spawn 2" in m and "created_at" in m for m in foreign)
+    # The same rows again (their leases run out): read as before, not logged again; the
+    # relay's round (claim_work) reads them so too; at max_attempts, dead letters.
+    elapse(store, 60)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="harel_store"):
+        work = store.claim_work("w1", 10.0, limit=10, max_attempts=2)
+    assert [e.seq for e in work.outbox] == [s.seq for s in work.spawns] == [1, 2, 3]
+    assert len(work.timers) == 3 and work.outbox[1]._written_at is None
+    assert not [r for r in caplog.records if "not what the store writes" in r.getMessage()]
+    elapse(store, 60)
+    assert store.claim_work("w1", 10.0, limit=10, max_attempts=2).items() == []
+    dead = store.dead_letters(limit=10)
+    assert sorted((d.kind, getattr(d.item, "seq", 0)) for d in dead) == [
+        ("outbox", 1),
+        ("outbox", 2),
+        ("outbox", 3),
+        ("spawn", 1),
+        ("spawn", 2),
+        ("spawn", 3),
+        ("timer", 0),
+        ("timer", 0),
+        ("timer", 0),
+    ]
