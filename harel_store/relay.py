@@ -213,6 +213,7 @@ class _Round:
         self.done: list[RelayItem] = []
         self.failed: list[tuple[RelayItem, str]] = []
         self.lost: set[int] = set()  # ids of items whose lease the keeper could not renew
+        self.cancelled = False  # an AsyncRelay round cancels its handlers (it is cancelled)
 
     @property
     def handled(self) -> int:
@@ -261,6 +262,25 @@ def _unsettled(worker: str, exc: Exception) -> None:
     """A round ended by an interrupt could not ack, fail or release what it held: the
     interrupt goes on (the rows wait out their leases)."""
     log.warning("relay %s: could not settle its round as it ended: %s", worker, exc)
+
+
+def _raise_first(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Raise what the first of ``tasks`` (all done) to end with an exception raised."""
+    for task in tasks:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
+
+
+async def _pause(waiter: Waiter, seconds: float) -> None:
+    """`Waiter.await_signal`, in a task of its own: a cancellation of the caller always goes
+    on. (Before Python 3.12, `asyncio.wait_for` returns the result of an inner wait that
+    ended just as it was cancelled, and so swallows the cancellation: a signal at that moment,
+    a round ending, say, left a cancelled relay running.)"""
+    waiting = asyncio.ensure_future(waiter.await_signal(seconds))
+    try:
+        await asyncio.wait((waiting,))
+    finally:
+        waiting.cancel()
 
 
 def _conflicted(item: RelayItem, tries: int, exc: StoreConflict) -> bool:
@@ -651,7 +671,7 @@ class AsyncRelay:
                         elif action == "peek":
                             schedule.learn(await self._store.peek_work(time.time()))
                         else:
-                            await waiter.await_signal(wait)
+                            await _pause(waiter, wait)
                     except StoreError as exc:
                         log.warning("relay %s: a round failed: %s", self._o.worker, exc)
                         schedule.failed()
@@ -752,6 +772,11 @@ class AsyncRelay:
                             if _conflicted(item, tries, exc):
                                 continue
                             outcome.failed.append((item, _error(exc)))
+                        except asyncio.CancelledError as exc:
+                            if outcome.cancelled:  # the round's own cancellation: it goes on
+                                raise
+                            # Something the handler awaited was cancelled by another task.
+                            outcome.failed.append((item, _error(exc)))
                         except Exception as exc:
                             outcome.failed.append((item, _error(exc)))
                         else:
@@ -762,9 +787,19 @@ class AsyncRelay:
 
         with queues.Holding(self._store.database_key, outcome.claimed) as holding:
             keeper = asyncio.ensure_future(self._keep(outcome))
+            handlers = [
+                asyncio.ensure_future(handle(self._o.handlers[k], k, item)) for k, item in items
+            ]
             try:
-                await asyncio.gather(*(handle(self._o.handlers[k], k, item) for k, item in items))
+                # Every handler ends before the round settles (gather would hand on the first
+                # to raise while the others still run, and the round release their items).
+                await asyncio.wait(handlers)
+                _raise_first(handlers)  # a handler's KeyboardInterrupt and kin
             except BaseException:  # a cancellation and kin: settled, and they go on
+                outcome.cancelled = True
+                for task in handlers:
+                    task.cancel()
+                await settle(asyncio.wait(handlers))  # a second cancellation waits too
                 keeper.cancel()
                 try:
                     await self._settle(outcome, holding, schedule)
