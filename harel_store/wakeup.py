@@ -11,13 +11,21 @@ One watch a database a process, shared by every waiter of it: started with the f
 waiter, stopped when the last one leaves, or a little after (its ``linger``: a server's
 streams, so that short waits do not reconnect each time). Databases are told apart by a key
 their connection gives (`Connection.key`).
+
+A watch that fails to start (no descriptor, no thread to be had just now) is not kept: its
+waiter goes on with this process's signals and its own poll, and asks for the watch again
+at its next wait, at most every `WATCH_RETRY` seconds. A forked child starts with no watch
+and no waiter of its parent's (their threads did not come with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -30,6 +38,13 @@ OUTBOX, SPAWN, TIMER, EXECUTION, ANY = "outbox", "spawn", "timer", "execution", 
 # notifications say no more than that the table changed): a waiter reads at most this often,
 # however busy the database is.
 PACE = 0.005
+# The least time between two tries of a waiter to start its database's watch after one failed.
+WATCH_RETRY = 1.0
+# A server's change, told again this long after its notification: sqld notifies from its
+# commit hook, so a read at once may come before the commit is visible (raised by watches).
+SETTLED = "settled"
+
+log = logging.getLogger("harel_store")
 
 
 class Watch(Protocol):
@@ -78,16 +93,47 @@ class Waiter:
         # by `set` from any thread): made again when a task awaits it on another loop.
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._closed = False
+        self._watch = watch
         self._watching = False
+        self._watch_tried = -WATCH_RETRY  # monotonic time of the last failed start
         with _lock:
             _waiters.setdefault(key, set()).add(self)
-        if watch is not None:
-            try:
-                _use_watch(key, watch)
-            except BaseException:
-                self.close()
-                raise
-            self._watching = True
+        try:
+            self._use_watch()
+        except BaseException:
+            self.close()
+            raise
+
+    def _use_watch(self) -> None:
+        """Join the database's watch (started if this process has none running); a failure
+        to start it is logged and tried again at a later wait."""
+        if self._watch is None or self._watching or self._closed:
+            return
+        now = time.monotonic()
+        if now - self._watch_tried < WATCH_RETRY:
+            return
+        try:
+            watching = _use_watch(self.key, self._watch)
+        except Exception as exc:  # a hint lost for now: this process's signals and polls
+            self._watch_tried = now
+            log.warning(
+                "cannot watch %s for other processes' commits (tried again): %s", self.key, exc
+            )
+            return
+        with _lock:
+            if self._closed:  # closed meanwhile, by another thread
+                idle = _leave_watch(self.key) if watching else None
+            else:
+                self._watching, idle = watching, None
+        if idle is not None:
+            idle.stop()
+
+    @property
+    def live(self) -> bool:
+        """Whether this waiter hears other processes' commits as they come (its watch runs
+        and says it is live); False for a database without a watch."""
+        watched = _watches.get(self.key) if self._watching else None
+        return watched is not None and bool(getattr(watched.watch, "live", False))
 
     def __enter__(self) -> Waiter:
         return self
@@ -122,10 +168,12 @@ class Waiter:
     def wait(self, timeout: float) -> bool:
         """Block until a signal (or a `set`) since the last `take`, or ``timeout`` seconds;
         whether one came."""
+        self._use_watch()
         return self._event.wait(max(timeout, 0.0))
 
     async def await_signal(self, timeout: float) -> bool:
         """Async version of `wait`."""
+        self._use_watch()
         loop = asyncio.get_running_loop()
         bound = self._async
         if bound is None or bound[0] is not loop:
@@ -155,19 +203,23 @@ class Waiter:
             idle.stop()
 
 
-def _use_watch(key: str, make: WatchFactory) -> None:
+def _use_watch(key: str, make: WatchFactory) -> bool:
+    """One waiter more of ``key``'s watch, started if none runs; whether there is one (a
+    database without). A watch that fails to start is not kept: the error is raised, and
+    the next waiter tries again."""
     with _lock:
         watched = _watches.get(key)
         if watched is None:
             watch = make()
             if watch is None:
-                return
+                return False
+            watch.start(lambda signals: notify(key, signals))  # cleans up after itself
             watched = _watches[key] = _Watched(watch)
-            watch.start(lambda signals: notify(key, signals))
         watched.users += 1
         if watched.idle is not None:
             watched.idle.cancel()
             watched.idle = None
+        return True
 
 
 def _leave_watch(key: str) -> Watch | None:
@@ -206,3 +258,21 @@ def notify(key: str, signals: Iterable[str]) -> None:
         signals = frozenset(signals)
         for waiter in waiting:
             waiter.set(signals)
+
+
+def _forked() -> None:
+    """In a forked child: the parent's watches and their threads did not come along, nor
+    the threads of its waiters. Start afresh (a waiter kept by the forking thread asks for
+    a watch of its own at its next wait)."""
+    global _lock
+    _lock = threading.Lock()  # another thread of the parent may have held it
+    for waiting in _waiters.values():
+        for waiter in waiting:
+            waiter._lock = threading.Lock()
+            waiter._watching = False
+            waiter._watch_tried = -WATCH_RETRY
+    _watches.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)

@@ -466,7 +466,9 @@ class LocalConnection:
 
     def watch(self) -> Watch | None:
         """Other processes' commits to the file (none can reach an in-memory database)."""
-        return None if self.where == ":memory:" else FileWatch(self.where, self.library)
+        # The file as resolved when the store opened (`key`), not ``where`` now: a relative
+        # path would name another file after a chdir.
+        return None if self.where == ":memory:" else FileWatch(self.key, self.library)
 
     def close(self) -> None:
         with self._lock:

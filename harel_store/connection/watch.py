@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote
 
 from harel_store.connection import http
-from harel_store.wakeup import ANY, EXECUTION, OUTBOX, SPAWN
+from harel_store.wakeup import ANY, EXECUTION, OUTBOX, SETTLED, SPAWN
 
 log = logging.getLogger("harel_store")
 
@@ -85,13 +85,21 @@ class FileWatch:
         self.library = library
         self._stop_r, self._stop_w = -1, -1
         self._thread: threading.Thread | None = None
+        self.live = False  # while it looks for commits
 
     def start(self, signal: Signal) -> None:
+        """Begin watching; an error (no descriptor or thread to be had) leaves nothing open."""
         self._stop_r, self._stop_w = os.pipe()
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self._run, args=(signal,), name=f"harel-store watch {self.path}", daemon=True
         )
-        self._thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+            raise
+        self._thread = thread
 
     def stop(self) -> None:
         if self._thread is None:
@@ -118,10 +126,12 @@ class FileWatch:
             db.execute("PRAGMA busy_timeout = 0", ())
             if _LIBC is not None:
                 inotify = self._watch_directory()
+            self.live = True
             self._loop(signal, db, inotify)
         except Exception as exc:  # a hint lost: waiters poll
             log.warning("cannot watch %s for other processes' commits: %s", self.path, exc)
         finally:
+            self.live = False
             if inotify >= 0:
                 os.close(inotify)
             if db is not None:
@@ -220,6 +230,9 @@ KEEP_ALIVE = 15.0
 RETRY_FIRST = 0.05
 RETRY_LONGEST = 5.0
 UNSUPPORTED_RETRY = 60.0
+# How long after a notification its change is told again (`ListenWatch._settle`): far longer
+# than the gap seen between sqld's notification and its commit's visibility (under 10 ms).
+SETTLE_AFTER = 0.02
 
 
 class ListenWatch:
@@ -238,21 +251,42 @@ class ListenWatch:
         self._open: set[http.Stream] = set()
         self._threads: list[threading.Thread] = []
         self._told: set[str] = set()  # what was logged once (a server without the endpoint)
+        self._heard = threading.Event()  # a change was notified: tell it again, settled
+        self._streaming: set[str] = set()  # the kinds whose stream is open and served
+
+    @property
+    def live(self) -> bool:
+        """Whether every stream is open and served."""
+        return len(self._streaming) == len(STREAMS)
 
     def start(self, signal: Signal) -> None:
+        """Begin watching; an error (no thread to be had) stops what had started."""
+        threads = [
+            threading.Thread(
+                target=self._settle, args=(signal,), name="harel-store listen settle", daemon=True
+            )
+        ]
         for table, actions, kind in STREAMS:
             query = f"table={quote(table)}" + "".join(f"&action={a}" for a in actions)
-            thread = threading.Thread(
-                target=self._run,
-                args=(f"{self._base}/beta/listen?{query}", kind, signal),
-                name=f"harel-store listen {table}",
-                daemon=True,
+            threads.append(
+                threading.Thread(
+                    target=self._run,
+                    args=(f"{self._base}/beta/listen?{query}", kind, signal),
+                    name=f"harel-store listen {table}",
+                    daemon=True,
+                )
             )
-            self._threads.append(thread)
-            thread.start()
+        try:
+            for thread in threads:
+                thread.start()
+                self._threads.append(thread)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self._stopped.set()
+        self._heard.set()  # the settle thread ends
         with self._lock:
             streams = list(self._open)
         for stream in streams:
@@ -281,7 +315,11 @@ class ListenWatch:
                     else:
                         # Whatever changed while there was no stream was missed: look.
                         signal(frozenset((ANY,)))
-                        self._read(stream, kind, signal)
+                        self._streaming.add(kind)
+                        try:
+                            self._read(stream, kind, signal)
+                        finally:
+                            self._streaming.discard(kind)
                         if time.monotonic() - began > RETRY_LONGEST:  # it served: no flapping
                             pause = RETRY_FIRST
                 except (http.HTTPFailure, OSError, ValueError) as exc:  # ValueError: TLS closed
@@ -294,6 +332,17 @@ class ListenWatch:
             self._stopped.wait(pause * random.uniform(0.5, 1.0))
             if pause < UNSUPPORTED_RETRY:
                 pause = min(pause * 2, RETRY_LONGEST)
+
+    def _settle(self, signal: Signal) -> None:
+        """Tell every change again, at least `SETTLE_AFTER` seconds after it was notified
+        (`SETTLED`; one for a burst): sqld notifies from its commit hook, before the commit is
+        visible to other readers, so a read at the notification may not see it yet."""
+        while True:
+            self._heard.wait()
+            self._heard.clear()  # a change notified from now on is told again after this one
+            if self._stopped.wait(SETTLE_AFTER):
+                return
+            signal(frozenset((SETTLED,)))
 
     def _refused(self, stream: http.Stream) -> float:
         """Log (once) why the server refused the stream; the pause before asking again."""
@@ -327,6 +376,7 @@ class ListenWatch:
                 if not line:  # an event ends
                     if event == b"changes":
                         signal(frozenset((kind,)))
+                        self._heard.set()
                     elif event == b"error":  # "some changes were lost"
                         signal(frozenset((ANY,)))
                     event = b""
