@@ -3,15 +3,20 @@
 A call first reads its execution itself; if it is not there yet, it registers here and
 waits. A reader thread, running while any call waits (and a moment after), waits for the
 database's signals (`harel_store.wakeup`: this process's commits, other processes' through
-the database's watch) and then reads the status of every execution waited for in one read,
-and the record of each that reached a status its caller waits for. So a thousand callers
-cost one read a change, not a thousand; with no signal it reads every `POLL` seconds.
+the database's watch) and then reads what may have changed: the executions written since
+its last read (a little before, `MARGIN`) at a status some call waits for, one range of an
+index a status, and the record of those a call waits for; a new call's execution is read
+once, by id. So a change costs reads in proportion to what changed, however many calls
+wait. With no signal it reads every waited execution, a safety net paced like a relay's
+poll: `POLL` seconds after its last read, doubling up to `POLL_LONGEST` while the
+database's watch is live (a missed notification is rare then), `POLL` while it is not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 import weakref
@@ -21,11 +26,18 @@ from harel_store.errors import StoreError
 from harel_store.models import Execution
 from harel_store.wakeup import EXECUTION, PACE, Waiter
 
-# The longest the reader waits for a signal before it reads anyway (a missed one costs this),
-# and how long it outlives its last call.
+# The longest the reader waits for a signal before it reads every waited execution anyway (a
+# missed one costs this), and that wait's longest while the watch is live; how long the
+# reader outlives its last call; how long before its last read a change is looked for (a
+# commit's clock is read when it is written, a moment before others see it).
 POLL = 1.0
+POLL_LONGEST = 30.0
 LINGER = 2.0
+MARGIN = 0.5
 _NEW = "new call"  # a signal of the reader's own: read now
+_NEVER = 1e300  # a time no execution was written at (finite: a server's JSON has no inf)
+
+_all: weakref.WeakSet[Awaits] = weakref.WeakSet()  # every store's, for a forked child
 
 
 class Call:
@@ -81,6 +93,9 @@ class Source(Protocol):
     """What the reader asks of its store (`harel_store.store.Store`)."""
 
     def _awaited(self, wanted: dict[str, frozenset[str]]) -> dict[str, Execution]: ...
+    def _awaited_changes(
+        self, statuses: frozenset[str], since: float
+    ) -> tuple[float, list[tuple[str, str]]]: ...
     def _waiter(self) -> Waiter: ...
 
 
@@ -95,18 +110,30 @@ class Awaits:
         self._calls: dict[Call, None] = {}  # in the order they came
         self._thread: threading.Thread | None = None
         self._signals: Waiter | None = None  # the reader's, while it runs
+        self._new: set[str] = set()  # executions of calls come since the last read
         self._closed = False
+        _all.add(self)
 
     def add(self, call: Call) -> None:
+        """Register ``call``; StoreError if the store is closed, or if no reader can be
+        started (none runs, and no thread is to be had just now: the next call tries again)."""
         with self._lock:
             if self._closed:
                 raise StoreError(f"the store on {self._where} is closed")
             self._calls[call] = None
+            self._new.add(call.execution_id)
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name=f"harel-store wait_for {self._where}", daemon=True
                 )
-                self._thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # "can't start new thread"
+                    self._calls.pop(call, None)
+                    raise StoreError(
+                        f"cannot wait for {call.execution_id!r} on {self._where}: {exc}"
+                    ) from exc
+                self._thread = thread
             signals = self._signals
         if signals is not None:
             signals.set((_NEW,))  # read now: a change since the caller's own read is not missed
@@ -141,22 +168,45 @@ class Awaits:
                 )
             return wanted
 
-    def _read(self, wanted: dict[str, frozenset[str]]) -> dict[str, Execution]:
+    def _source(self) -> Source:
         store = self._store()
         if store is None:
             raise StoreError(f"the store on {self._where} closed")
-        return store._awaited(wanted)
+        return store
+
+    def _read(self, wanted: dict[str, frozenset[str]], since: float | None) -> _Read:
+        """What reached a wanted status, read as the module says: every waited execution
+        when ``since`` is None (the first read, a poll), else what changed since ``since``
+        and the calls come since the last read; and the database's clock before it."""
+        store = self._source()
+        with self._lock:
+            new, self._new = self._new, set()
+        statuses = frozenset().union(*wanted.values())
+        now, changed = store._awaited_changes(statuses, _NEVER if since is None else since)
+        if new - wanted.keys():  # calls come after `wanted` was taken: at the next read
+            with self._lock:
+                self._new |= new - wanted.keys()
+        if since is None:
+            return now, store._awaited(wanted)
+        ids = new | {i for i, status in changed if status in wanted.get(i, ())}
+        look = {i: wanted[i] for i in ids if i in wanted}
+        return now, store._awaited(look) if look else {}
 
     def _run(self) -> None:
-        store = self._store()
-        if store is None:
-            return
-        waiter = store._waiter()
-        del store
+        try:
+            waiter = self._source()._waiter()
+        except BaseException:
+            with self._lock:
+                self._thread = None  # the next call starts a reader again
+            raise
         with self._lock:
             self._signals = waiter
         try:
             self._serve(waiter)
+        except BaseException:
+            with self._lock:
+                self._thread = None
+            raise
         finally:
             with self._lock:
                 self._signals = None
@@ -166,6 +216,8 @@ class Awaits:
         read_at = -PACE
         idle_since: float | None = None
         due = True  # a read is due: a new call, a signal, a poll
+        since: float | None = None  # the database's clock at the last read (None: read all)
+        poll = POLL
         while True:
             wanted = self._wanted()
             if wanted is None:
@@ -185,9 +237,12 @@ class Awaits:
                 continue
             idle_since = None
             if not due:
-                waiter.wait(POLL)
+                waiter.wait(poll)
                 signals = waiter.take()
                 due = True
+                if not signals:  # a poll: every waited execution, paced like a relay's
+                    since = None
+                    poll = min(poll * 2, POLL_LONGEST) if waiter.live else POLL
                 since = time.monotonic() - read_at
                 if signals and signals <= {EXECUTION} and since < PACE:
                     # Only executions changed (a server says no more): one read every PACE
@@ -197,13 +252,15 @@ class Awaits:
             due = False
             read_at = time.monotonic()
             try:
-                found = self._read(wanted)
+                now, found = self._read(wanted, since)
             except Exception as exc:  # the waits end with it; the reader goes on for others
                 error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
                 if error is not exc:
                     error.__cause__ = exc
                 self._end_all(error)
+                since = None
                 continue
+            since = now - MARGIN
             self._resolve(found)
 
     def _resolve(self, found: dict[str, Execution]) -> None:
@@ -226,6 +283,21 @@ class Awaits:
             calls, self._calls = list(self._calls), {}
         for call in calls:
             call.resolve(None, error)
+
+
+_Read = tuple[float, dict[str, Execution]]
+
+
+def _forked() -> None:
+    """In a forked child: the readers' threads did not come along, nor the callers'."""
+    for awaits in list(_all):
+        awaits._lock = threading.Lock()
+        awaits._calls, awaits._new = {}, set()
+        awaits._thread = awaits._signals = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def wait_message(execution_id: str, statuses: frozenset[str], timeout: float) -> str:

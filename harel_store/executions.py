@@ -527,6 +527,18 @@ class Executions(StoreCore):
         }
 
     @operation
+    def _awaited_changes(
+        self, statuses: frozenset[str], since: float
+    ) -> Plan[tuple[float, list[tuple[str, str]]]]:
+        """The database's clock now, and the (id, status) of the executions at one of
+        ``statuses`` last written at or after ``since`` (that clock): what may have changed
+        for wait_for's calls, read at a cost in proportion to the change (of the primary on
+        a replica)."""
+        rows = yield fresh("awaited_changes", json.dumps(sorted(statuses)), since)
+        now = float(rows[0][0])
+        return now, [(execution_id, status) for _, execution_id, status in rows if execution_id]
+
+    @operation
     def purge_tree(self, execution_id: str, expected_version: int) -> Plan[list[str]]:
         """Purge an execution and all its descendants in one transaction; return their ids.
 

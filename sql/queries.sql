@@ -166,6 +166,17 @@ SELECT e.id, e.data, e.version FROM json_each(?1) AS w
 JOIN harel_executions AS e ON e.id = w.key
 WHERE e.status IN (SELECT value FROM json_each(w.value));
 
+-- name: awaited_changes
+-- row: now real, id text?, status text?
+-- What may have changed for wait_for's calls, at a cost in proportion to the change, not to
+-- the calls: the database's clock now, and the executions at one of the statuses in ?1 (a
+-- JSON array) last written at or after ?2 (epoch seconds, that clock). One range of the
+-- covering index harel_executions_updated a status. Always one row at least (NULL ids).
+SELECT n.now, e.id, e.status
+FROM (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now) AS n
+LEFT JOIN harel_executions AS e
+    ON e.status IN (SELECT value FROM json_each(?1)) AND e.updated_at >= ?2;
+
 -- name: is_processed$
 -- row: found int
 SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;

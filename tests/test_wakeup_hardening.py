@@ -1,0 +1,244 @@
+"""Hardening of the wake-up and of `wait_for` (issue 48, classes 3, 5, 6, 8 and 11): a watch
+that fails to start is tried again; every finish on sqld is seen by its notification, and the
+safety read is paced; waiting costs reads in proportion to what changed, not to the waiters;
+a forked child's waiters are woken; a watch after a chdir watches the store's file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harel_store import Execution, LibsqlStore, SqliteStore, awaiting, wakeup
+from harel_store.awaiting import Call
+from harel_store.batch import Batch
+from harel_store.connection import watch
+from tests.test_wakeup import WOKEN, database
+
+FINAL = frozenset(("finished", "failed", "cancelled"))
+
+
+@pytest.fixture
+def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a wake-up ends a wait within a test's bound: the reader's poll is 30 s."""
+    monkeypatch.setattr(awaiting, "POLL", 30.0)
+
+
+def later(seconds: float, action: Any, *args: Any) -> threading.Thread:
+    def run() -> None:
+        time.sleep(seconds)
+        action(*args)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def finish(store: Any, execution_id: str) -> None:
+    exe = store.load(execution_id)
+    exe.status = "finished"
+    store.commit(exe, [])
+
+
+@pytest.mark.usefixtures("no_poll")
+def test_a_watch_that_fails_to_start_is_tried_again(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE from os.pipe as the watch starts: the wait still ends on this process's
+    commit, nothing stays registered dead, and the next wait hears another process."""
+    db = database("libsql-file", tmp_path, request)
+    store = db.open()
+    store.save(Execution(id="a", definition_id="d"))
+    store.save(Execution(id="b", definition_id="d"))
+    pipe = os.pipe
+    failures = [OSError(errno.EMFILE, os.strerror(errno.EMFILE))]
+
+    def failing_pipe() -> tuple[int, int]:
+        if failures:
+            raise failures.pop()
+        return pipe()
+
+    monkeypatch.setattr(watch.os, "pipe", failing_pipe)
+    key = store._conn.key
+    try:
+        later(0.3, finish, store, "a")
+        started = time.monotonic()
+        assert store.wait_for("a", timeout=10).status == "finished"
+        assert time.monotonic() - started < 0.3 + WOKEN
+        assert not failures and wakeup.WATCH_RETRY <= 1.0
+        time.sleep(wakeup.WATCH_RETRY)  # a failed start is tried again at most this often
+        done: list[float] = []
+        waiter = threading.Thread(
+            target=lambda: done.append(store.wait_for("b", timeout=10) and time.time())
+        )
+        waiter.start()
+        time.sleep(0.5)
+        (at,) = db.other("finish", "b")
+        waiter.join(15)
+        assert done and done[0] - at < WOKEN
+    finally:
+        store.close()
+    assert key not in wakeup._watches  # none left registered (a file's stops at once)
+
+
+def test_waiting_costs_reads_in_proportion_to_what_changed(tmp_path: Path) -> None:
+    """The work of the store's connection a commit (SQLite's VM steps: its commit, and the
+    reads of wait_for's reader that it causes) does not grow with the calls waiting."""
+    steps: list[int] = []
+    for waiting in (10, 2000):
+        store = SqliteStore(tmp_path / f"w{waiting}.db")
+        store.save(Execution(id="busy", definition_id="d"))
+        calls = [Call(f"e{i}", FINAL) for i in range(waiting)]
+        for call in calls:
+            store._awaits.add(call)
+        time.sleep(0.5)  # the calls' first read
+        count = [0]
+
+        def step(count: list[int] = count) -> int:
+            count[0] += 1
+            return 0
+
+        store._conn.db.set_progress_handler(step, 10)
+        exe = store.load("busy")
+        assert exe is not None
+        for _ in range(20):
+            store.commit(exe, [])
+            time.sleep(0.03)  # the reader reads after each
+        store._conn.db.set_progress_handler(None, 0)
+        for call in calls:
+            store._awaits.remove(call)
+        store.close()
+        steps.append(count[0])
+    assert steps[1] < 2 * steps[0] + 200, steps
+
+
+@pytest.mark.usefixtures("no_poll")
+def test_a_forked_child_waiter_is_woken(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The parent watches the file (a waiter of its own); a child forked meanwhile waits on
+    the same file and is woken by the parent's commit (another process to it)."""
+    db = database("libsql-file", tmp_path, request)
+    store = db.open()
+    store.save(Execution(id="a", definition_id="d"))
+    parent_waiter = store._waiter()  # the parent's watch runs
+    time.sleep(0.2)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            child = db.open()
+            started = time.monotonic()
+            exe = child.wait_for("a", timeout=8)
+            code = 0 if exe.status == "finished" and time.monotonic() - started < 8 else 2
+        except BaseException:
+            code = 3
+        finally:
+            os._exit(code)
+    try:
+        time.sleep(1.0)
+        finish(store, "a")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        parent_waiter.close()
+        store.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.usefixtures("no_poll")
+def test_a_watch_made_after_chdir_watches_the_stores_file(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    SqliteStore("rel.db").close()  # migrated
+    db = database("libsql-file", tmp_path, request)
+    db.target = str(tmp_path / "here" / "rel.db")
+    store = LibsqlStore("rel.db")
+    store.save(Execution(id="a", definition_id="d"))
+    monkeypatch.chdir(tmp_path / "there")
+    done: list[float] = []
+    waiter = threading.Thread(
+        target=lambda: done.append(store.wait_for("a", timeout=10) and time.time())
+    )
+    waiter.start()
+    time.sleep(0.5)
+    (at,) = db.other("finish", "a")
+    waiter.join(15)
+    store.close()
+    assert not (tmp_path / "there" / "rel.db").exists()
+    assert done and done[0] - at < WOKEN
+
+
+def test_the_safety_read_is_paced_while_the_watch_is_live(sqld: Any) -> None:
+    """Waiting with nothing changing on a server whose notifications flow: the reads of
+    every waited execution come further and further apart, as a relay's poll, not one
+    every `POLL`."""
+    from tests.conftest import reset_remote
+
+    reset_remote(sqld)
+    store = LibsqlStore(sqld.url, auth_token=sqld.token)
+    reads: list[str] = []
+    execute = store._conn.execute
+
+    def spy(request: Any) -> Any:
+        if not isinstance(request, Batch):
+            reads.append(request.statement[0].name)
+        return execute(request)
+
+    store._conn.execute = spy  # type: ignore[method-assign]
+    poll = 0.1
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(awaiting, "POLL", poll)
+            with pytest.raises(TimeoutError):
+                store.wait_for("never", timeout=3.0)
+    finally:
+        store.close()
+    # every POLL: 30 reads; doubling from POLL: 0.1, 0.3, 0.7, 1.5, 3.1: about 5 (the first
+    # while the streams open, at POLL).
+    assert reads.count("awaited") <= 10, reads
+
+
+@pytest.mark.slow
+def test_every_finish_on_sqld_is_heard_not_caught_by_the_safety_read(sqld: Any) -> None:
+    """Sequential short waits, each on an execution another client finishes a few ms after
+    the wait starts: each wait ends on the server's notification, never on the safety read
+    (at least `awaiting.POLL`, 1 s)."""
+    from tests.conftest import reset_remote
+
+    reset_remote(sqld)
+    store = LibsqlStore(sqld.url, auth_token=sqld.token)
+    other = LibsqlStore(sqld.url, auth_token=sqld.token)
+    # Another process, as far as this one can tell: its commits raise no in-process signal.
+    other._notify = lambda signals: None  # type: ignore[method-assign]
+    slow: list[tuple[int, float]] = []
+    try:
+        for i in range(300):
+            exe = Execution(id=f"o{i}", definition_id="d")
+            other.save(exe)
+
+            def finish(exe: Execution = exe) -> None:
+                time.sleep(0.02)
+                exe.status = "finished"
+                other.commit(exe, [])
+
+            started = time.monotonic()
+            helper = threading.Thread(target=finish)
+            helper.start()
+            done = store.wait_for(exe.id, timeout=10)
+            took = time.monotonic() - started
+            helper.join()
+            assert done.status == "finished"
+            if took >= 0.5:
+                slow.append((i, round(took, 3)))
+    finally:
+        other.close()
+        store.close()
+    assert awaiting.POLL >= 1.0
+    assert not slow, f"waits that took the safety read: {slow}"
