@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from harel_store import wakeup
+from harel_store import telemetry, wakeup
 from harel_store.batch import Batch, Plan, fresh, statement
 from harel_store.checks import (
     check_delay,
@@ -419,6 +419,9 @@ def _claimed(
     mark, claim = steps
     if mark is not None:
         log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
+        # Every dead letter is made here, so counted here, once: its last attempt may have
+        # been a handler's failure or a worker that died holding it.
+        telemetry.count_kind(kind, len(results[mark]), "dead")
     items = _carried(database, decoded(results[claim], decode))
     return stamped(sorted(items, key=order), database)
 

@@ -246,7 +246,8 @@ def _retries(
         retry = options.retry_in(count)
         groups.setdefault((error, retry), []).append(item)
         last = limit is not None and count >= limit
-        telemetry.count((item,), "dead" if last else "failed")  # done, released: _settle
+        # Done and released are counted by _settle; dead by the claim that sets it aside.
+        telemetry.count((item,), "failed")
         log.warning(
             "%s failed on attempt %d%s: %s; %s",
             queues.describe(item),

@@ -11,7 +11,8 @@ Names and attributes (the contract):
   display name, never a secret) and ``outcome`` (``ok``, ``conflict``, ``unknown``,
   ``error``); a span ``harel_store.commit`` around each commit, with the same attributes.
 - ``harel_store.relay.items`` (counter): ``kind`` (``outbox``, ``spawn``, ``timer``) and
-  ``outcome`` (``done``, ``failed``, ``dead``, ``released``).
+  ``outcome`` (``done``, ``failed``: its handler raised, ``dead``: a claim made it a dead
+  letter, whoever held its last attempt, ``released``).
 - ``harel_store.relay.lag`` (histogram, s): ``kind``; an item's age when its handler
   starts: from when it was written (the database's clock), a timer from its ``fire_at``.
 - a span ``harel_store.relay.handle`` around each handler call, current while it runs (the
@@ -191,6 +192,15 @@ def count(items: Iterable[Any], outcome: str) -> None:
     found = instruments()
     if found is not None and found.items is not None:
         for kind, n in collections.Counter(map(kind_of, items)).items():
+            found.items.add(n, {"kind": kind, "outcome": outcome})
+
+
+def count_kind(kind: str, n: int, outcome: str) -> None:
+    """``n`` relay items of ``kind`` came to ``outcome`` (a claim's dead letters: it reads
+    their keys, not the items)."""
+    if n:
+        found = instruments()
+        if found is not None and found.items is not None:
             found.items.add(n, {"kind": kind, "outcome": outcome})
 
 

@@ -37,6 +37,7 @@ from harel_store import (
     telemetry,
 )
 from tests.proxy import Proxy
+from tests.test_claims import elapse
 
 
 class Recorded:
@@ -180,10 +181,8 @@ def test_a_relay_counts_its_items_times_a_timer_and_spans_each_handler(
             return await relay.run_once()
 
         assert asyncio.run(main()) == 3
-    items = {
-        (a["kind"], a["outcome"]): p.value for a, p in recorded.points("harel_store.relay.items")
-    }
-    assert items == {("outbox", "done"): 1, ("outbox", "dead"): 1, ("timer", "done"): 1}
+    # "boom" failed on its last attempt: a dead letter at the next claim, counted then.
+    assert items(recorded) == {("outbox", "done"): 1, ("outbox", "failed"): 1, ("timer", "done"): 1}
     lags = {a["kind"]: p for a, p in recorded.points("harel_store.relay.lag")}
     assert lags.keys() == {"outbox", "timer"}
     assert lags["timer"].count == 1 and 5 <= lags["timer"].sum < 60  # from its fire_at
@@ -197,6 +196,52 @@ def test_a_relay_counts_its_items_times_a_timer_and_spans_each_handler(
     assert {s.parent.span_id for s in own} <= {h.context.span_id for h in handles}  # nested
     failed = [h for h in handles if h.status.status_code == trace.StatusCode.ERROR]
     assert len(failed) == 1 and failed[0].events[0].name == "exception"
+    store.close()
+
+
+def items(recorded: Recorded) -> dict[tuple[str, str], int]:
+    """The relay's item counter by kind and outcome."""
+    points = recorded.points("harel_store.relay.items")
+    return {(a["kind"], a["outcome"]): p.value for a, p in points}
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_every_dead_letter_is_counted_once_when_a_claim_sets_it_aside(
+    recorded: Recorded, tmp_path: Path, kind: str
+) -> None:
+    """One entry's worker died holding its last attempt (its lease ran out), another's
+    handler raised on its last attempt: each is counted dead once, by the claim that makes
+    it a dead letter, whoever held it."""
+    store = LibsqlStore(tmp_path / "t.db")
+    exe = Execution(id="exe-1", definition_id="d")
+    store.commit(exe, [(None, Event(name="lost")), (None, Event(name="boom"))])
+    (lost,) = store.claim_outbox("gone", limit=1, max_attempts=1)
+    assert lost.event.name == "lost"
+    elapse(store, 60)  # the worker died: its lease ran out
+
+    def boom(entry: Any) -> None:
+        raise RuntimeError("boom")
+
+    async def aboom(entry: Any) -> None:
+        boom(entry)
+
+    def round_() -> int:
+        if kind == "sync":
+            return int(Relay(store, "w", on_outbox=boom, max_attempts=1).run_once())
+
+        async def main() -> int:
+            relay = AsyncRelay(AsyncLibsqlStore(store), "w", on_outbox=aboom, max_attempts=1)
+            return await relay.run_once()
+
+        return asyncio.run(main())
+
+    # The claim sets "lost" aside (a dead letter) and hands out "boom", whose handler raises.
+    assert round_() == 1
+    assert items(recorded) == {("outbox", "dead"): 1, ("outbox", "failed"): 1}
+    assert round_() == 0  # this claim sets "boom" aside
+    assert items(recorded) == {("outbox", "dead"): 2, ("outbox", "failed"): 1}
+    dead = store.dead_letters()
+    assert [(d.item.event.name, d.attempts) for d in dead] == [("lost", 1), ("boom", 1)]
     store.close()
 
 
