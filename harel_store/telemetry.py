@@ -16,7 +16,9 @@ Names and attributes (the contract):
 - ``harel_store.relay.lag`` (histogram, s): ``kind``; an item's age when its handler
   starts: from when it was written (the database's clock), a timer from its ``fire_at``.
 - a span ``harel_store.relay.handle`` around each handler call, current while it runs (the
-  handler's own spans nest in it), with ``kind`` and ``harel_store.item``, linked to the
+  handler's own spans nest in it), with ``kind``, ``harel_store.item``,
+  ``harel_store.execution`` (the execution the item steps: an event's target, a spawn's
+  child, a timer's execution) and ``harel_store.event`` (an event's name), linked to the
   span the commit that wrote the item ran in (its W3C ``traceparent``, stored with the item
   since 0010), in whatever process that was.
 """
@@ -204,6 +206,18 @@ def count_kind(kind: str, n: int, outcome: str) -> None:
             found.items.add(n, {"kind": kind, "outcome": outcome})
 
 
+def _subject(kind: str, item: Any) -> dict[str, str]:
+    """What a handler's span says its item is about: ``harel_store.execution``, the
+    execution it steps (an event's target: none for one to the outside world; a spawn's
+    child; a timer's execution), and ``harel_store.event``, an outbox entry's event name."""
+    if kind == "outbox":
+        subject = {"harel_store.event": item.event.name}
+        if item.target_id is not None:
+            subject["harel_store.execution"] = item.target_id
+        return subject
+    return {"harel_store.execution": item.child_id if kind == "spawn" else item.execution_id}
+
+
 @contextlib.contextmanager
 def handling(kind: str, item: Any, describe: Callable[[Any], str]) -> Iterator[None]:
     """Around a handler call: the lag of a timer, and the current span
@@ -219,7 +233,7 @@ def handling(kind: str, item: Any, describe: Callable[[Any], str]) -> Iterator[N
     if found.tracer is None:
         yield
         return
-    attributes = {"kind": kind, "harel_store.item": describe(item)}
+    attributes = {"kind": kind, "harel_store.item": describe(item), **_subject(kind, item)}
     with found.tracer.start_as_current_span(
         "harel_store.relay.handle", attributes=attributes, links=_links(item)
     ):

@@ -312,6 +312,38 @@ def test_a_handler_span_links_to_the_span_its_item_was_committed_in(
     store.close()
 
 
+def test_a_handler_span_names_the_execution_and_the_event(
+    recorded: Recorded, tmp_path: Path
+) -> None:
+    """The execution an item steps (an event's target, a spawn's child, a timer's
+    execution) and an event's name are attributes of its handler's span."""
+    store = LibsqlStore(tmp_path / "t.db")
+    exe = Execution(id="exe-1", definition_id="d")
+    store.commit(
+        exe,
+        [("exe-2", Event(name="go")), (None, Event(name="shipped"))],
+        spawns=[("exe-1.child", "s", {})],
+        timers=[TimerOp.schedule("t", time.time() - 1)],
+    )
+    assert drain(store) == 4
+    spans = [s for s in recorded.spans.get_finished_spans() if s.name == "harel_store.relay.handle"]
+    named = sorted(
+        (
+            s.attributes["kind"],
+            s.attributes.get("harel_store.execution", "-"),
+            s.attributes.get("harel_store.event", "-"),
+        )
+        for s in spans
+    )
+    assert named == [
+        ("outbox", "-", "shipped"),  # to the outside world: no execution
+        ("outbox", "exe-2", "go"),
+        ("spawn", "exe-1.child", "-"),
+        ("timer", "exe-1", "-"),
+    ]
+    store.close()
+
+
 CHILD = textwrap.dedent(
     """
     import sys, time
