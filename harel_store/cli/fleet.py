@@ -311,16 +311,20 @@ class _Shown:
             print("\r\x1b[2K", end="", file=sys.stderr, flush=True)
 
     def finish(self, command: str) -> int:
-        """The rest, by name, and the summary; the exit status."""
+        """The rest, by name, and the summary; the exit status. A usage error that every
+        database that met one met alike is printed once, as the command prints it alone;
+        when it is all there is, there is no summary either."""
         found = list(self._outcomes.values())
         usage = {tuple(o.err) for o in found if o.status == USAGE}
-        if len(usage) == 1 and all(o.status == USAGE for o in found):
-            for line in usage.pop():  # the command line's error, once (as without --fleet)
-                print(line, file=sys.stderr)
-            return USAGE
+        once = usage.pop() if len(usage) == 1 else None
         for name in self._names[self._next :]:
-            if name in self._outcomes:
-                _show(self._outcomes[name], self._as_json)
+            outcome = self._outcomes.get(name)
+            if outcome is not None and (once is None or outcome.status != USAGE):
+                _show(outcome, self._as_json)
+        for line in once or ():
+            print(line, file=sys.stderr)
+        if once is not None and all(o.status == USAGE for o in found):
+            return USAGE
         not_run = len(self._names) - len(found)
         return _summary(found, command, self._as_json, not_run)
 
