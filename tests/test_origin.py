@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from harel_store import Event, Execution, LibsqlStore, OutboxEntry, TimerOp
+from harel_store.connection import open_libsql
+from tests.conftest import reset_remote
 
 
 def seed(store: Any, name: str) -> Execution:
@@ -74,3 +76,67 @@ def test_origin_survives_a_copy_and_is_kept_out_of_the_tuple(tmp_path: Path) -> 
         with pytest.raises(ValueError, match="outbox entry 1 was read from"):
             b.ack([copied])
         assert a.ack([copied]) == 1
+
+
+# --- issue 48 class 15: one server, however its URL is spelled, is one database ---
+
+SAME = [
+    ("http://h:8080", "http://h:8080/"),
+    ("http://h:8080", "HTTP://H:8080"),
+    ("http://h:8080/db", "http://h:8080/db/"),
+    ("http://h:80", "http://h"),
+    ("http://h:80/", "http://h"),
+    ("https://h:443", "https://h"),
+    ("libsql://h", "https://h:443/"),
+    ("libsql://H:8080?tls=0", "http://h:8080"),
+    ("ws://h", "http://h:80"),
+    ("sqlite+libsql://h:80?secure=false", "http://h"),
+    ("http://[::1]:80", "http://[::1]"),
+    ("http://[::1]:8080/", "http://[0:0:0:0:0:0:0:1]:8080"),
+]
+OTHER = [
+    ("http://h:8080", "https://h:8080"),
+    ("http://h:8080", "http://h:8081"),
+    ("http://h:8080/a", "http://h:8080/b"),
+    ("http://h:8080/a", "http://h:8080"),
+    ("http://h:443", "https://h"),
+]
+
+
+def key_of(url: str) -> str:
+    conn = open_libsql(url)  # a remote connection does no I/O until it is used
+    try:
+        return conn.key
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("one", "other"), SAME)
+def test_the_spellings_of_one_server_have_one_key(one: str, other: str) -> None:
+    assert key_of(one) == key_of(other)
+
+
+@pytest.mark.parametrize(("one", "other"), OTHER)
+def test_other_servers_have_other_keys(one: str, other: str) -> None:
+    assert key_of(one) != key_of(other)
+
+
+@pytest.mark.sqld
+def test_an_item_read_through_one_spelling_is_taken_through_another(server: Any) -> None:
+    """The origin check and the in-process wake-ups go by the key: a trailing slash, an
+    upper-case scheme or host name is no other database."""
+    port = server.port
+    spellings = [
+        (f"http://127.0.0.1:{port}", f"HTTP://127.0.0.1:{port}/"),
+        (f"http://localhost:{port}/", f"http://LocalHost:{port}"),
+    ]
+    for one, other in spellings:
+        reset_remote(server)
+        with (
+            LibsqlStore(one, auth_token=server.token) as a,
+            LibsqlStore(other, auth_token=server.token) as b,
+        ):
+            assert a.database_key == b.database_key
+            seed(a, "here")
+            (entry,) = a.claim_outbox("w")
+            assert b.ack([entry]) == 1

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
 from harel_store.connection import http
+from harel_store.connection.url import server_key
 from harel_store.connection.watch import ListenWatch
 from harel_store.errors import OutcomeUnknown, StoreBusy, StoreError, scrub, translate
 
@@ -418,9 +419,9 @@ class HranaConnection:
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"not an http(s) URL: {where}")
         host = parts.netloc.rpartition("@")[2]
-        self.url = f"{parts.scheme}://{host}{parts.path}"
+        self.url = server_key(url)  # one text for every spelling of the URL: no secret
         self.where = where
-        self.key = self.url  # what tells this database apart in the process: no secret
+        self.key = self.url  # what tells this database apart in the process
         self._endpoint = parts.path.rstrip("/") + "/v3/pipeline"
         self._secrets = (auth_token,) if auth_token else ()
         self._plain_hint = ""

@@ -19,6 +19,8 @@ argument and the environment); it is never shown. Any other query parameter is r
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import re
 import shlex
@@ -37,6 +39,7 @@ __all__ = [
     "is_remote",
     "migration_hint",
     "parse_database",
+    "server_key",
     "show",
     "token_from_env",
 ]
@@ -213,6 +216,22 @@ def _remote(scheme: str, parts: SplitResult, where: str, auth_token: str) -> Dat
             raise ValueError(f"{where}: unknown query parameter {key!r} (it takes {takes})")
     remote = f"{'https' if tls else 'http'}://{parts.netloc}{parts.path}"
     return DatabaseURL(None, remote, where, token)
+
+
+def server_key(remote: str) -> str:
+    """What tells a server's database apart in the process (`DatabaseURL.remote` in, no
+    secret out): one text for every spelling of one URL, whatever the case of its scheme and
+    host, a port that is the scheme's default, trailing slashes, or an IPv6 address's form."""
+    parts = urlsplit(remote)
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed
+    netloc = f"[{host}]" if ":" in host else host
+    port = parts.port
+    if port is not None and port != {"http": 80, "https": 443}.get(scheme):
+        netloc = f"{netloc}:{port}"
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
 
 
 def is_remote(database: str | os.PathLike[str]) -> bool:
