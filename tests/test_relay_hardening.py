@@ -1,17 +1,29 @@
 """A relay's edges (issue 48, "Hardening, round 5", classes 1 and 4): an `AsyncRelay` round
 waits for every one of its handlers, a handler's stray `CancelledError` being that item's
-failure; a cancelled `AsyncRelay.run()` ends with the cancellation, whenever it comes."""
+failure; a cancelled `AsyncRelay.run()` ends with the cancellation, whenever it comes; a
+`Relay.run()` interrupted while its round settles ends with the interrupt."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harel_store import AsyncLibsqlStore, AsyncRelay, Event, Execution, OutboxEntry
+from harel_store import (
+    AsyncLibsqlStore,
+    AsyncRelay,
+    Event,
+    Execution,
+    LibsqlStore,
+    OutboxEntry,
+    Relay,
+)
 
 WAIT = 10.0
 
@@ -149,3 +161,37 @@ def test_a_cancelled_run_ends_even_as_a_signal_wakes_it(tmp_path: Path, steps: i
 
 async def _noop(item: Any) -> None:
     return None
+
+
+@pytest.mark.sqld
+def test_a_sync_relay_interrupted_while_its_round_settles_ends_with_the_interrupt(
+    server: Any, proxy: Any
+) -> None:
+    """Relay's counterpart of class 4: a KeyboardInterrupt that comes while the round's
+    settle (its fail and its ack, each a slow request) is on its way ends run() at once."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("a signal is handled in the main thread only")
+    store = LibsqlStore(proxy.url(), auth_token=server.token)
+    events = [(None, Event(name="go", id=f"ev-{i}")) for i in range(3)]
+    store.commit(Execution(id="source", definition_id="d"), events)
+    main = threading.get_ident()
+
+    def handle(entry: OutboxEntry) -> None:
+        if entry.seq == 3:  # the round settles next, each request 0.25 s late
+            proxy.delay = 0.25
+            threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+        if entry.seq == 2:
+            raise RuntimeError("boom")
+
+    relay = Relay(store, "w1", on_outbox=handle, poll=30.0, backoff=(0.0, 0.0))
+    backstop = threading.Timer(WAIT, relay.stop)  # were it swallowed: the test ends
+    backstop.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            relay.run()
+    finally:
+        backstop.cancel()
+        proxy.delay = 0.0
+        store.close()
+    assert time.monotonic() - started < WAIT / 2
