@@ -497,8 +497,9 @@ class Executions(StoreCore):
         """The execution as soon as it exists with a status in ``status`` (one status or
         several), waiting up to ``timeout`` seconds: woken by every commit to the database,
         this process's or another's (a local file's writes, a server's change
-        notifications), and looking at least every second, never in a busy loop. The
-        calls of a store waiting at once share one read a change. Raises TimeoutError (the
+        notifications), never in a busy loop, and looking in case a notification was
+        missed (every second, less often while notifications flow). The calls of a store
+        waiting at once share one read a change. Raises TimeoutError (the
         builtin) when the time is up, ValueError/TypeError for an unknown status or a
         timeout that is not 0 to a year of seconds, StoreError if the database fails."""
         execution_id, statuses, seconds = _wait_args(execution_id, status, timeout)
