@@ -219,12 +219,14 @@ def test_every_finish_on_sqld_is_heard_not_caught_by_the_safety_read(sqld: Any) 
     other._notify = lambda signals: None  # type: ignore[method-assign]
     slow: list[tuple[int, float]] = []
     try:
-        for i in range(300):
-            exe = Execution(id=f"o{i}", definition_id="d")
+        for i in range(200):
+            # A large record: its commit writes many pages, which widens the window between
+            # sqld's notification and the commit's visibility, where a read sees nothing.
+            exe = Execution(id=f"o{i}", definition_id="d", context={"blob": "x" * 100_000})
             other.save(exe)
 
             def finish(exe: Execution = exe) -> None:
-                time.sleep(0.02)
+                time.sleep(0.005)
                 exe.status = "finished"
                 other.commit(exe, [])
 

@@ -230,9 +230,11 @@ KEEP_ALIVE = 15.0
 RETRY_FIRST = 0.05
 RETRY_LONGEST = 5.0
 UNSUPPORTED_RETRY = 60.0
-# How long after a notification its change is told again (`ListenWatch._settle`): far longer
-# than the gap seen between sqld's notification and its commit's visibility (under 10 ms).
-SETTLE_AFTER = 0.02
+# The pauses after a notification (the last of a burst) before its change is told again
+# (`ListenWatch._settle`): the first longer than the gap seen between sqld's notification and
+# its commit's visibility (under 10 ms, a commit of 200 KB on a loaded machine), the second
+# for a slower disk.
+SETTLE_AFTER = (0.02, 0.2)
 
 
 class ListenWatch:
@@ -313,8 +315,11 @@ class ListenWatch:
                     if stream.status != 200:
                         pause = self._refused(stream)
                     else:
-                        # Whatever changed while there was no stream was missed: look.
+                        # Whatever changed while there was no stream was missed: look,
+                        # and again once the server surely listens (it may subscribe only
+                        # after it answered).
                         signal(frozenset((ANY,)))
+                        self._heard.set()
                         self._streaming.add(kind)
                         try:
                             self._read(stream, kind, signal)
@@ -334,15 +339,16 @@ class ListenWatch:
                 pause = min(pause * 2, RETRY_LONGEST)
 
     def _settle(self, signal: Signal) -> None:
-        """Tell every change again, at least `SETTLE_AFTER` seconds after it was notified
-        (`SETTLED`; one for a burst): sqld notifies from its commit hook, before the commit is
+        """Tell every change again after each pause of `SETTLE_AFTER` from its notification
+        (`SETTLED`; once for a burst): sqld notifies from its commit hook, before the commit is
         visible to other readers, so a read at the notification may not see it yet."""
         while True:
             self._heard.wait()
-            self._heard.clear()  # a change notified from now on is told again after this one
-            if self._stopped.wait(SETTLE_AFTER):
-                return
-            signal(frozenset((SETTLED,)))
+            self._heard.clear()  # a change notified from now on is told again after these
+            for pause in SETTLE_AFTER:
+                if self._stopped.wait(pause):
+                    return
+                signal(frozenset((SETTLED,)))
 
     def _refused(self, stream: http.Stream) -> float:
         """Log (once) why the server refused the stream; the pause before asking again."""
