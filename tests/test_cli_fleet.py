@@ -281,3 +281,30 @@ def test_gc_without_an_age_prints_its_usage_error_once(tmp_path: Path) -> None:
         " --markers-older-than or --dead-older-than"
     ]
     assert result.stdout == ""
+
+
+def test_what_a_child_of_the_command_prints_is_its_output() -> None:
+    """A command that runs a child process (migrate against a server does, to bound it):
+    what the child writes to its stdout is the database's output, not its stderr."""
+    import sys
+
+    code = (
+        "import subprocess, sys\n"
+        "from harel_store.cli.fleet import serve\n"
+        "def main(argv):\n"
+        "    print('from the command')\n"
+        "    sys.stdout.flush()\n"
+        "    subprocess.run([sys.executable, '-c', 'print(\"from a child\")'], check=True)\n"
+        "    print('oops', file=sys.stderr)\n"
+        "    return 0\n"
+        "serve(main)\n"
+    )
+    job = json.dumps({"database": "x.db", "argv": ["status"]}) + "\n"
+    run = subprocess.run(
+        [sys.executable, "-c", code], input=job * 2, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    answers = [json.loads(line) for line in run.stdout.splitlines()]
+    assert (
+        answers == [{"status": 0, "out": "from the command\nfrom a child\n", "err": "oops\n"}] * 2
+    )

@@ -193,19 +193,26 @@ _SERVE = "from harel_store.cli import main; from harel_store.cli.fleet import se
 def serve(main: Callable[[list[str]], int]) -> None:
     """A worker's loop: one job a line on stdin (a database and the command's arguments),
     run by ``main``; its outcome a line on the channel (stdout as it was when the worker
-    started; stray writes to the file descriptor 1 go to stderr from then on)."""
+    started). From then on the file descriptor 1 is a file of its own: what reaches it
+    during a job (a child process the command runs writes there) is that job's output."""
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
+    stray = tempfile.TemporaryFile()  # noqa: SIM115 (the worker's whole life)
+    os.dup2(stray.fileno(), 1)
     for line in sys.stdin:
         job = json.loads(line)
         os.environ["HAREL_DATABASE_URL"] = job["database"]
         out, err = io.StringIO(), io.StringIO()
+        start = os.fstat(1).st_size
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 status = main(job["argv"])
             except SystemExit as exc:
                 status = exc.code if isinstance(exc.code, int) else 1
-        result = {"status": status, "out": out.getvalue(), "err": err.getvalue()}
+        if sys.__stdout__ is not None:
+            sys.__stdout__.flush()
+        end = os.fstat(1).st_size
+        printed = os.pread(1, end - start, start).decode("utf-8", "replace")
+        result = {"status": status, "out": out.getvalue() + printed, "err": err.getvalue()}
         channel.write(json.dumps(result) + "\n")
         channel.flush()
 
