@@ -20,7 +20,6 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from harel_store.aio import AsyncLibsqlStore
 from harel_store.checks import (
@@ -31,6 +30,7 @@ from harel_store.checks import (
 )
 from harel_store.connection import DatabaseURL, parse_database
 from harel_store.connection.local import check_local_options
+from harel_store.connection.url import server_key
 from harel_store.errors import StoreError
 from harel_store.executions import _wait_args, check_listing
 from harel_store.models import Execution, ExecutionPage, ExecutionSummary
@@ -62,16 +62,11 @@ def rendezvous(names: Iterable[str], execution_id: str) -> str:
 def identity(db: DatabaseURL) -> str:
     """What tells one database from another, however it is spelled: a file's real path
     (symlinks, ``..`` and the current directory resolved; no file is opened), a server's
-    normalised origin and path (scheme as the store speaks it, host in lower case, the
-    default port written out, no trailing ``/``, no query)."""
+    key (`server_key`: its URL normalised, with no query)."""
     if db.local is not None:
         return os.path.realpath(db.local)
     assert db.remote is not None
-    parts = urlsplit(db.remote)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
+    return server_key(db.remote)
 
 
 class _Fleet:

@@ -441,6 +441,7 @@ def spellings(tmp_path: Path) -> list[tuple[str, str]]:
         ("libsql://db.example", "https://db.example?authToken=other"),
         ("ws://db.example:8080", "http://db.example:8080"),
         ("sqlite+libsql://db.example:8080?secure=false", "http://db.example:8080"),
+        ("http://[::1]:8080", "http://[0:0::1]:8080/"),
     ]
 
 
