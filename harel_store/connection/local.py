@@ -275,6 +275,7 @@ class LocalConnection:
         if landed is _NOT_WRITTEN:
             self._queue.extendleft(reversed([m for m in group if m not in mine]))
         else:
+            outcomes: list[tuple[Any, BaseException | None]]
             if landed is _UNKNOWN:
                 unknown = OutcomeUnknown(
                     f"the write to {self.where} was interrupted in another thread; it may or "
