@@ -15,11 +15,13 @@ database's watch is live (a missed notification is rare then), `POLL` while it i
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Protocol
 
 from harel_store.errors import StoreError
@@ -100,14 +102,16 @@ class Source(Protocol):
 
 
 class Awaits:
-    """The calls waiting on one store, and their reader. The store is held weakly (a store
-    nobody holds is collected, and closes its file, as before it had waiters)."""
+    """The calls waiting on one store, by execution, and their reader. The store is held
+    weakly (a store nobody holds is collected, and closes its file, as before it had
+    waiters)."""
 
     def __init__(self, store: Source, where: str) -> None:
         self._store = weakref.ref(store)
         self._where = where
         self._lock = threading.Lock()
-        self._calls: dict[Call, None] = {}  # in the order they came
+        self._calls: dict[str, dict[Call, None]] = {}  # by execution, in the order they came
+        self._statuses: collections.Counter[str] = collections.Counter()  # of every call
         self._thread: threading.Thread | None = None
         self._signals: Waiter | None = None  # the reader's, while it runs
         self._new: set[str] = set()  # executions of calls come since the last read
@@ -120,8 +124,6 @@ class Awaits:
         with self._lock:
             if self._closed:
                 raise StoreError(f"the store on {self._where} is closed")
-            self._calls[call] = None
-            self._new.add(call.execution_id)
             if self._thread is None:
                 thread = threading.Thread(
                     target=self._run, name=f"harel-store wait_for {self._where}", daemon=True
@@ -129,44 +131,55 @@ class Awaits:
                 try:
                     thread.start()
                 except RuntimeError as exc:  # "can't start new thread"
-                    self._calls.pop(call, None)
                     raise StoreError(
                         f"cannot wait for {call.execution_id!r} on {self._where}: {exc}"
                     ) from exc
                 self._thread = thread
+            self._calls.setdefault(call.execution_id, {})[call] = None
+            self._statuses.update(call.statuses)
+            self._new.add(call.execution_id)
             signals = self._signals
         if signals is not None:
             signals.set((_NEW,))  # read now: a change since the caller's own read is not missed
 
     def remove(self, call: Call) -> None:
         with self._lock:
-            self._calls.pop(call, None)
+            calls = self._calls.get(call.execution_id)
+            if calls is None or call not in calls:
+                return
+            del calls[call]
+            if not calls:
+                del self._calls[call.execution_id]
+            self._statuses.subtract(call.statuses)
+            self._statuses += collections.Counter()  # drops the statuses no call waits for
 
     def close(self) -> None:
         """Every call waiting ends with a StoreError; the reader stops."""
         with self._lock:
             self._closed = True
-            calls, self._calls = list(self._calls), {}
             signals, thread = self._signals, self._thread
-        for call in calls:
-            call.resolve(None, StoreError(f"the store on {self._where} closed"))
+        self._end_all(StoreError(f"the store on {self._where} closed"))
         if signals is not None:
             signals.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
 
-    def _wanted(self) -> dict[str, frozenset[str]] | None:
-        """The statuses wanted by execution id; None once the reader is to stop."""
+    def _waiting(self) -> bool | None:
+        """Whether a call waits; None once the reader is to stop."""
         with self._lock:
             if self._closed:
                 self._thread = None
                 return None
-            wanted: dict[str, frozenset[str]] = {}
-            for call in self._calls:
-                wanted[call.execution_id] = wanted.get(call.execution_id, frozenset()) | (
-                    call.statuses
-                )
-            return wanted
+            return bool(self._calls)
+
+    def _wanted(self, ids: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Under ``_lock``: the statuses wanted of the executions ``ids`` waited for."""
+        wanted: dict[str, frozenset[str]] = {}
+        for execution_id in ids:
+            calls = self._calls.get(execution_id)
+            if calls:
+                wanted[execution_id] = frozenset().union(*(call.statuses for call in calls))
+        return wanted
 
     def _source(self) -> Source:
         store = self._store()
@@ -174,22 +187,26 @@ class Awaits:
             raise StoreError(f"the store on {self._where} closed")
         return store
 
-    def _read(self, wanted: dict[str, frozenset[str]], since: float | None) -> _Read:
+    def _read(self, since: float | None) -> _Read:
         """What reached a wanted status, read as the module says: every waited execution
         when ``since`` is None (the first read, a poll), else what changed since ``since``
-        and the calls come since the last read; and the database's clock before it."""
+        (the database's clock) and the calls come since the last read; and that clock
+        before the read."""
         store = self._source()
         with self._lock:
-            new, self._new = self._new, set()
-        statuses = frozenset().union(*wanted.values())
+            statuses = frozenset(self._statuses)
         now, changed = store._awaited_changes(statuses, _NEVER if since is None else since)
-        if new - wanted.keys():  # calls come after `wanted` was taken: at the next read
-            with self._lock:
-                self._new |= new - wanted.keys()
-        if since is None:
-            return now, store._awaited(wanted)
-        ids = new | {i for i, status in changed if status in wanted.get(i, ())}
-        look = {i: wanted[i] for i in ids if i in wanted}
+        with self._lock:
+            new, self._new = self._new, set()
+            if since is None:
+                look = self._wanted(self._calls)
+            else:
+                status_of = dict(changed)
+                look = {
+                    i: wanted
+                    for i, wanted in self._wanted(status_of.keys() | new).items()
+                    if i in new or status_of[i] in wanted
+                }
         return now, store._awaited(look) if look else {}
 
     def _run(self) -> None:
@@ -216,13 +233,13 @@ class Awaits:
         read_at = -PACE
         idle_since: float | None = None
         due = True  # a read is due: a new call, a signal, a poll
-        since: float | None = None  # the database's clock at the last read (None: read all)
+        since: float | None = None  # what the next read looks from (None: read every call's)
         poll = POLL
         while True:
-            wanted = self._wanted()
-            if wanted is None:
+            waiting = self._waiting()
+            if waiting is None:
                 return
-            if not wanted:  # no call: wait a while for one, then end
+            if not waiting:  # no call: wait a while for one, then end
                 now = time.monotonic()
                 idle_since = now if idle_since is None else idle_since
                 if now - idle_since >= LINGER:
@@ -243,16 +260,16 @@ class Awaits:
                 if not signals:  # a poll: every waited execution, paced like a relay's
                     since = None
                     poll = min(poll * 2, POLL_LONGEST) if waiter.live else POLL
-                since = time.monotonic() - read_at
-                if signals and signals <= {EXECUTION} and since < PACE:
+                elapsed = time.monotonic() - read_at
+                if signals and signals <= {EXECUTION} and elapsed < PACE:
                     # Only executions changed (a server says no more): one read every PACE
                     # seconds at most, however busy the database is.
-                    time.sleep(PACE - since)
+                    time.sleep(PACE - elapsed)
                 continue
             due = False
             read_at = time.monotonic()
             try:
-                now, found = self._read(wanted, since)
+                now, found = self._read(since)
             except Exception as exc:  # the waits end with it; the reader goes on for others
                 error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
                 if error is not exc:
@@ -264,23 +281,23 @@ class Awaits:
             self._resolve(found)
 
     def _resolve(self, found: dict[str, Execution]) -> None:
-        if not found:
-            return
-        with self._lock:
-            calls = [c for c in self._calls if c.execution_id in found]
-        given: set[str] = set()
-        for call in calls:
-            exe = found[call.execution_id]
-            if exe.status not in call.statuses:
-                continue
-            # Each caller gets an execution of its own to step.
-            call.resolve(exe if call.execution_id not in given else exe.model_copy(deep=True))
-            given.add(call.execution_id)
-            self.remove(call)
+        for execution_id, exe in found.items():
+            with self._lock:
+                calls = list(self._calls.get(execution_id, ()))
+            given = False
+            for call in calls:
+                if exe.status not in call.statuses:
+                    continue
+                # Each caller gets an execution of its own to step.
+                call.resolve(exe if not given else exe.model_copy(deep=True))
+                given = True
+                self.remove(call)
 
     def _end_all(self, error: StoreError) -> None:
         with self._lock:
-            calls, self._calls = list(self._calls), {}
+            calls = [call for by_id in self._calls.values() for call in by_id]
+            self._calls, self._new = {}, set()
+            self._statuses.clear()
         for call in calls:
             call.resolve(None, error)
 
@@ -293,6 +310,7 @@ def _forked() -> None:
     for awaits in list(_all):
         awaits._lock = threading.Lock()
         awaits._calls, awaits._new = {}, set()
+        awaits._statuses.clear()
         awaits._thread = awaits._signals = None
 
 
