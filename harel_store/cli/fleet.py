@@ -42,7 +42,6 @@ __all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
 
 COMMANDS = ("migrate", "status", "schema", "gc", "ls")  # what runs over a fleet
 JOBS = 4  # databases at once, unless --jobs says otherwise
-_TOP = ("--fleet", "--jobs")  # the top-level options that take a value
 _COMMENT = re.compile(r"(?:^|[ \t])#")  # a '#' that starts the line or follows a blank
 USAGE = 2  # the exit status of a usage error: the command line's, not a database's
 
@@ -84,20 +83,6 @@ def read_fleet(path: str) -> dict[str, str]:
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{path}: {exc}") from None
     return databases
-
-
-def command_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` from its command on: the top-level options (``--fleet``, ``--jobs``) left out."""
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token in _TOP:
-            i += 2
-        elif token.startswith(tuple(f"{option}=" for option in _TOP)):
-            i += 1
-        else:
-            break
-    return list(argv[i:])
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -224,10 +209,11 @@ def missing(database: str) -> bool:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``harel-store --fleet FILE COMMAND ...``: COMMAND on every database of FILE."""
+    """``harel-store --fleet FILE COMMAND ...``: COMMAND on every database of FILE;
+    ``argv`` is the command line without --fleet and --jobs (what each database runs)."""
     _check(args)
     databases = read_fleet(args.fleet)
-    rest = command_argv(argv)
+    rest = list(argv)
     secrets = sorted(
         {parse_database(db).auth_token for db in databases.values()} - {""}, key=len, reverse=True
     )
