@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import pickle
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harel_store.batch import Batch, Fresh, Request, drive, shape
+from harel_store.checks import check_timeout
 from harel_store.connection.local import why_not
 from harel_store.connection.revision import KNOWN, ensure_schema, revision
 from harel_store.connection.url import (
@@ -34,18 +38,24 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DATABASE",
     "MIGRATIONS_DIR",
+    "PARENT",
     "alembic_config",
+    "alembic_in_child",
+    "bounded_elsewhere",
     "database_from_env",
     "deadline",
     "driver_failure",
     "migration_hint",
+    "migration_timeout",
     "number_revision",
     "parse_database",
     "refuse_unknown_revision",
+    "run_bounded",
     "run_sql",
     "sql_revision",
     "sqlalchemy_execute",
     "sqlalchemy_url",
+    "timed_out",
     "token_from_env",
 ]
 
@@ -137,6 +147,93 @@ def refuse_unknown_revision(execute: Callable[[Request], Any], where: str) -> No
 
 
 # ---------------------------------------------------------------- a bound the GIL cannot stop
+#
+# The libsql driver Alembic runs on has no timeout and holds the GIL while it waits, so
+# neither a thread nor a signal handler of the process it runs in can stop a run stuck on a
+# server: another process must. The run goes to a child process (a fresh Python: libsql's
+# runtime does not survive a fork) and the process that waits for it stays free: at the
+# deadline it kills the child and fails as any other failure does (`harel-store migrate`:
+# exit status 1; Alembic: FAILED:, 255), never by a kill of its own (137, an OOM kill's).
+
+TIMEOUT = 30.0  # how long a run against a server may take, as a whole, unless told
+# In a run's child process: the pid of the process that bounds it (`bounded_elsewhere`).
+PARENT = "HAREL_MIGRATE_PARENT"
+
+# Alembic's command line, run again in the child: the same command, options and files.
+_ALEMBIC = """
+import pickle, sys
+from alembic.config import CommandLine, Config
+files, options = pickle.loads(sys.stdin.buffer.read())
+CommandLine(prog="alembic").run_cmd(Config(cmd_opts=options, **files), options)
+"""
+
+
+def migration_timeout(given: object = None) -> float:
+    """Seconds a run against a server may take: ``given`` (seconds, or their text), else
+    $HAREL_TIMEOUT, else 30. ValueError for anything but a number of seconds > 0."""
+    value = given or os.environ.get("HAREL_TIMEOUT") or TIMEOUT
+    try:
+        return check_timeout(float(value), "timeout")  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        raise ValueError(f"timeout must be a number of seconds > 0, not {value!r:.40}") from None
+
+
+def timed_out(where: str, seconds: float) -> str:
+    """The one line of a run stopped at its deadline (``where``: the database, no secret)."""
+    return (
+        f"{where} did not answer within {seconds:g} s: the migration was stopped, nothing of"
+        " it committed (a longer bound: HAREL_TIMEOUT=SECONDS)"
+    )
+
+
+def run_bounded(
+    argv: list[str], seconds: float, *, env: dict[str, str] | None = None, stdin: bytes = b""
+) -> int | None:
+    """Run ``argv`` (a run's child process, sharing this one's stdout and stderr; ``stdin``
+    its input) and wait for it at most ``seconds``: its exit status, or None when the
+    deadline came first. A child not over by then, or when the wait is interrupted, is
+    killed and reaped: none is left running."""
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        env={**(os.environ if env is None else env), PARENT: str(os.getpid())},
+    )
+    try:
+        child.communicate(stdin, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if child.returncode is None:
+            child.kill()
+            child.wait()
+    return child.returncode
+
+
+def alembic_in_child(config: Config, seconds: float) -> int | None:
+    """Alembic's command line (``config.cmd_opts``) run again in a child process, bounded by
+    ``seconds`` (`run_bounded`): its exit status (it says why it failed), or None at the
+    deadline. The options go through a pipe: a token in ``-x url=`` is never on a command
+    line that this process did not already have."""
+    files = {"file_": config.config_file_name, "ini_section": config.config_ini_section}
+    toml = getattr(config, "toml_file_name", None)
+    if toml is not None:
+        files["toml_file"] = toml
+    payload = pickle.dumps((files, config.cmd_opts))
+    return run_bounded([sys.executable, "-c", _ALEMBIC], seconds, stdin=payload)
+
+
+def bounded_elsewhere() -> bool:
+    """Whether this process is a run's child, bounded by its parent (`run_bounded`); it then
+    dies with that parent (Linux), so that no run goes on unbounded once it is gone."""
+    parent = os.environ.get(PARENT)
+    if parent is None:
+        return False
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if str(os.getppid()) != parent:  # gone already
+        os._exit(1)
+    return True
+
 
 # The watchdog: a second Python, waiting for its stdin to close (the work is over, or this
 # process died) at most SECONDS; then it says MESSAGE on stderr and kills this process.
@@ -152,9 +249,9 @@ if not select.select([sys.stdin], [], [], seconds)[0]:
 @contextmanager
 def deadline(seconds: float, message: str) -> Iterator[None]:
     """End this process (SIGKILL, after ``message`` on stderr) if the block is not over
-    within ``seconds``. The libsql driver has no timeout and holds the GIL while it waits, so
-    neither a thread nor a signal handler of this process could stop it: another process
-    does. ``message`` shows on that process's command line: never put a secret in it."""
+    within ``seconds``: the bound of a run that a program started with Alembic's
+    ``command`` functions, whose command cannot be run again in a child. ``message`` shows
+    on the watchdog's command line: never put a secret in it."""
     watchdog = subprocess.Popen(
         [sys.executable, "-I", "-c", _WATCHDOG, str(os.getpid()), repr(seconds), message],
         stdin=subprocess.PIPE,

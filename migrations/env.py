@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
 from logging.config import fileConfig
 from typing import Any
@@ -21,7 +20,6 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy_libsql.libsql import SQLiteDialect_libsql
 
 from harel_store.batch import drive
-from harel_store.checks import check_timeout
 from harel_store.connection import open_libsql
 from harel_store.connection.local import FileHold, hold_file, holder, import_libsql
 from harel_store.connection.revision import revision
@@ -35,11 +33,15 @@ from harel_store.connection.url import (
 )
 from harel_store.errors import StoreError, scrub
 from harel_store.migrate import (
+    alembic_in_child,
+    bounded_elsewhere,
     deadline,
     driver_failure,
+    migration_timeout,
     number_revision,
     refuse_unknown_revision,
     sqlalchemy_execute,
+    timed_out,
 )
 
 config = context.config
@@ -56,9 +58,6 @@ options: dict[str, Any] = {"transactional_ddl": True}
 # How long an upgrade of a local file waits for another process's upgrade (the driver's
 # default is not to wait at all: "database is locked").
 BUSY_TIMEOUT_MS = 60_000
-# How long a run against a server may take, as a whole (the store's default `timeout`): the
-# libsql driver Alembic runs on has no timeout of its own.
-TIMEOUT = 30.0
 
 
 class MigrationFailed(CommandError, StoreError):
@@ -90,14 +89,12 @@ def server_timeout() -> float:
     """Seconds a run against a server may take: `harel-store migrate --timeout`
     (config.attributes["timeout"]), else -x timeout=, else $HAREL_TIMEOUT, else 30."""
     given = config.attributes.get("timeout") or context.get_x_argument(as_dictionary=True).get(
-        "timeout", os.environ.get("HAREL_TIMEOUT") or TIMEOUT
+        "timeout"
     )
     try:
-        return check_timeout(float(given), "timeout")
-    except (ValueError, TypeError):
-        raise MigrationFailed(
-            f"timeout must be a number of seconds > 0, not {given!r:.40}"
-        ) from None
+        return migration_timeout(given)
+    except ValueError as exc:
+        raise MigrationFailed(str(exc)) from None
 
 
 def scripts_only() -> bool:
@@ -196,16 +193,19 @@ def run_migrations_online() -> None:
     given, database = target()
     local = database.local is not None
     bound: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if not local:
+    if not local and not bounded_elsewhere():  # a run's child: its parent bounds it
         seconds = server_timeout()
+        if config.cmd_opts is not None:  # Alembic's command line: run again in a child
+            status = alembic_in_child(config, seconds)
+            if status is None:
+                raise MigrationFailed(timed_out(database.where, seconds), database)
+            if status != 0:
+                raise SystemExit(status)  # the child said why
+            return
+        # A program's own call of Alembic's `command`: a watchdog ends its process.
+        bound = deadline(seconds, f"harel-store: error: {timed_out(database.where, seconds)}")
+    if not local:
         reach(given, database)
-        # Alembic's command line says a failure as FAILED:, `harel-store migrate` as its own.
-        prefix = "FAILED" if config.cmd_opts is not None else "harel-store: error"
-        bound = deadline(
-            seconds,
-            f"{prefix}: {database.where} did not answer within {seconds:g} s: the migration"
-            " was stopped, nothing of it committed (a longer bound: HAREL_TIMEOUT=SECONDS)",
-        )
     try:
         with bound:
             migrate_online(database)

@@ -159,8 +159,8 @@ def test_bad_fleet_files_and_usage(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_database_whose_run_is_killed_stops_no_other(tmp_path: Path, sqld: Any) -> None:
-    """migrate --timeout ends its process at the deadline: that database's worker goes with
-    it, its exit status is the run's worst, and the databases after it still run."""
+    """migrate --timeout stops that database's run at the deadline (exit status 1, one
+    line), and the databases after it still run."""
     from tests.proxy import Proxy
 
     with Proxy(sqld.port) as slow:
@@ -173,14 +173,14 @@ def test_a_database_whose_run_is_killed_stops_no_other(tmp_path: Path, sqld: Any
             "--fleet", str(fleet), "--jobs", "1", "migrate", "--create", "--timeout", "1",
             env={"HAREL_AUTH_TOKEN": sqld.token},
         )  # fmt: skip
-    assert result.returncode == 137, result.stderr
+    assert result.returncode == 1, result.stderr
     assert "did not answer within 1 s" in "\n".join(lines_of(result, "b-slow", "stderr"))
     for name in ("a", "c"):
         assert lines_of(result, name) == [
             f"{tmp_path / name}.db: schema at revision {HEAD} (head {HEAD})"
         ]
     assert result.stdout.splitlines()[-1] == (
-        "harel-store migrate: 3 databases, 2 ok, 1 failed: b-slow (exit status 137)"
+        "harel-store migrate: 3 databases, 2 ok, 1 failed: b-slow (exit status 1)"
     )
     no_secret(result, sqld.token)
 

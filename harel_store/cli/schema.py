@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -25,7 +26,13 @@ from harel_store.connection import parse_database, show
 from harel_store.connection.local import open_reader, why_not
 from harel_store.connection.revision import KNOWN, revision, unknown_revision
 from harel_store.errors import StoreError
-from harel_store.migrate import alembic_config
+from harel_store.migrate import (
+    alembic_config,
+    bounded_elsewhere,
+    migration_timeout,
+    run_bounded,
+    timed_out,
+)
 from harel_store.schema import describe, diff, head_schema, schema_at
 from harel_store.sql import HEAD, SQL_DIR, Query
 
@@ -119,6 +126,8 @@ def migrate(args: argparse.Namespace) -> int:
             return 0
     elif ":" in target:
         raise ValueError(f"--to {target}: a range FROM:TO is for --sql (the script of it)")
+    elif _server(where) and not bounded_elsewhere():
+        return _bounded(where, args)  # this command again, in a child process
     config = alembic_config(where)
     config.attributes["timeout"] = args.timeout
     handler = logging.StreamHandler(sys.stderr)
@@ -148,6 +157,28 @@ def migrate(args: argparse.Namespace) -> int:
         logger.removeHandler(handler)
     print(f"{show(where)}: schema at revision {after or 'none'} (head {HEAD})")
     return 0
+
+
+def _server(where: str) -> bool:
+    try:
+        return parse_database(where).local is None
+    except ValueError:  # Alembic's env says what is wrong with it, as for any run
+        return False
+
+
+def _bounded(where: str, args: argparse.Namespace) -> int:
+    """``migrate`` against a server, run by a child process (this command again) that this
+    one stops at the deadline (`harel_store.migrate.run_bounded`): then one line, exit 1."""
+    try:
+        seconds = migration_timeout(args.timeout)
+    except ValueError as exc:  # $HAREL_TIMEOUT
+        raise Failure(str(exc)) from None
+    argv = [sys.executable, "-m", "harel_store", "migrate", "--to", args.to]
+    # The database by the environment: a token in its URL stays off the command line.
+    status = run_bounded(argv, seconds, env={**os.environ, "HAREL_DATABASE_URL": where})
+    if status is None:
+        raise Failure(timed_out(parse_database(where).where, seconds))
+    return status
 
 
 def configure_migrate(parser: argparse.ArgumentParser) -> None:
@@ -236,7 +267,8 @@ COMMANDS = [
         f"""--sql reads the database's revision (never writing it; a missing file is at base)
 and prints the script from there to --to: an upgrade, or a downgrade to an older one.
 Against a server the run may take --timeout ($HAREL_TIMEOUT, else 30s): at the deadline
-one line on stderr, nothing of it committed, and the process is killed (exit status 137).
+its process is stopped, nothing of it committed, and this one says so in one line on
+stderr (exit status 1).
 
 examples:
   {PROG} migrate                             # to head
