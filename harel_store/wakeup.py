@@ -72,6 +72,12 @@ class _Watched:
         self.users = 0
         self.idle: threading.Timer | None = None  # its stop, while nobody waits
 
+    @property
+    def failed(self) -> bool:
+        """Whether the watch ended on its own, on an error (its thread could not open the
+        file, say): it raises no signal any more and is to be made again."""
+        return bool(getattr(self.watch, "failed", False))
+
 
 _lock = threading.Lock()
 _waiters: dict[str, set[Waiter]] = {}
@@ -94,7 +100,7 @@ class Waiter:
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._closed = False
         self._watch = watch
-        self._watching = False
+        self._watched: _Watched | None = None  # the watch it joined
         self._watch_tried = -WATCH_RETRY  # monotonic time of the last failed start
         with _lock:
             _waiters.setdefault(key, set()).add(self)
@@ -105,34 +111,50 @@ class Waiter:
             raise
 
     def _use_watch(self) -> None:
-        """Join the database's watch (started if this process has none running); a failure
-        to start it is logged and tried again at a later wait."""
-        if self._watch is None or self._watching or self._closed:
+        """Join the database's watch (started if this process has none running, or made
+        again if the one it has failed); a failure to start it is logged and tried again
+        at a later wait, `WATCH_RETRY` seconds on."""
+        if self._watch is None or self._closed:
+            return
+        if self._watched is not None and not self._watched.failed:
             return
         now = time.monotonic()
         if now - self._watch_tried < WATCH_RETRY:
             return
+        self._watch_tried = now
+        with _lock:
+            stale, self._watched = self._watched, None
+            idle = _leave_watch(self.key, stale) if stale is not None else None
+        if idle is not None:
+            idle.stop()
         try:
-            watching = _use_watch(self.key, self._watch)
+            watched = _use_watch(self.key, self._watch)
         except Exception as exc:  # a hint lost for now: this process's signals and polls
-            self._watch_tried = now
             log.warning(
                 "cannot watch %s for other processes' commits (tried again): %s", self.key, exc
             )
             return
+        if watched is None:  # a database nobody else can write to
+            self._watch = None
+            return
         with _lock:
             if self._closed:  # closed meanwhile, by another thread
-                idle = _leave_watch(self.key) if watching else None
+                idle = _leave_watch(self.key, watched)
             else:
-                self._watching, idle = watching, None
+                self._watched, idle = watched, None
         if idle is not None:
             idle.stop()
+
+    def _watched_well(self) -> bool:
+        """Whether this waiter's watch runs (or it needs none): else its waits end every
+        `WATCH_RETRY` seconds to make it again."""
+        return self._watch is None or (self._watched is not None and not self._watched.failed)
 
     @property
     def live(self) -> bool:
         """Whether this waiter hears other processes' commits as they come (its watch runs
         and says it is live); False for a database without a watch."""
-        watched = _watches.get(self.key) if self._watching else None
+        watched = self._watched
         return watched is not None and bool(getattr(watched.watch, "live", False))
 
     def __enter__(self) -> Waiter:
@@ -168,23 +190,39 @@ class Waiter:
     def wait(self, timeout: float) -> bool:
         """Block until a signal (or a `set`) since the last `take`, or ``timeout`` seconds;
         whether one came."""
-        self._use_watch()
-        return self._event.wait(max(timeout, 0.0))
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            self._use_watch()
+            left = deadline - time.monotonic()
+            if self._watched_well():
+                return self._event.wait(max(left, 0.0))
+            if self._event.wait(max(min(left, WATCH_RETRY), 0.0)):
+                return True
+            if left <= WATCH_RETRY:
+                return False
 
     async def await_signal(self, timeout: float) -> bool:
         """Async version of `wait`."""
-        self._use_watch()
         loop = asyncio.get_running_loop()
         bound = self._async
         if bound is None or bound[0] is not loop:
             bound = self._async = (loop, asyncio.Event())
             if self._event.is_set():
                 bound[1].set()
-        try:
-            await asyncio.wait_for(bound[1].wait(), max(timeout, 0.0))
-        except asyncio.TimeoutError:
-            return False
-        return True
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            self._use_watch()
+            left = deadline - time.monotonic()
+            well = self._watched_well()
+            try:
+                await asyncio.wait_for(
+                    bound[1].wait(), max(left if well else min(left, WATCH_RETRY), 0.0)
+                )
+            except asyncio.TimeoutError:
+                if well or left <= WATCH_RETRY:
+                    return False
+                continue
+            return True
 
     def close(self) -> None:
         """Unsubscribe (a second close is a no-op); the watch stops a while after its
@@ -198,45 +236,57 @@ class Waiter:
                 waiting.discard(self)
                 if not waiting:
                     del _waiters[self.key]
-            idle = _leave_watch(self.key) if self._watching else None
+            watched, self._watched = self._watched, None
+            idle = _leave_watch(self.key, watched) if watched is not None else None
         if idle is not None:
             idle.stop()
 
 
-def _use_watch(key: str, make: WatchFactory) -> bool:
-    """One waiter more of ``key``'s watch, started if none runs; whether there is one (a
-    database without). A watch that fails to start is not kept: the error is raised, and
-    the next waiter tries again."""
-    with _lock:
-        watched = _watches.get(key)
-        if watched is None:
-            watch = make()
-            if watch is None:
-                return False
-            watch.start(lambda signals: notify(key, signals))  # cleans up after itself
-            watched = _watches[key] = _Watched(watch)
-        watched.users += 1
-        if watched.idle is not None:
-            watched.idle.cancel()
-            watched.idle = None
-        return True
+def _use_watch(key: str, make: WatchFactory) -> _Watched | None:
+    """One waiter more of ``key``'s watch, started if none runs or the one registered
+    failed; None for a database without. A watch that fails to start is not kept: the
+    error is raised, and the next waiter tries again."""
+    stale: Watch | None = None
+    try:
+        with _lock:
+            watched = _watches.get(key)
+            if watched is not None and watched.failed:
+                del _watches[key]  # its waiters leave it at their next wait
+                stale, watched = watched.watch, None
+            if watched is None:
+                watch = make()
+                if watch is None:
+                    return None
+                watch.start(lambda signals: notify(key, signals))  # cleans up after itself
+                watched = _watches[key] = _Watched(watch)
+            watched.users += 1
+            if watched.idle is not None:
+                watched.idle.cancel()
+                watched.idle = None
+            return watched
+    finally:
+        if stale is not None:
+            stale.stop()
 
 
-def _leave_watch(key: str) -> Watch | None:
-    """Under ``_lock``: one waiter of ``key``'s watch fewer; at none, the watch to stop now
-    (the caller stops it, outside the lock) or its stop scheduled after its linger."""
-    watched = _watches.get(key)
-    if watched is None:
-        return None
+def _leave_watch(key: str, watched: _Watched) -> Watch | None:
+    """Under ``_lock``: one waiter of ``watched`` fewer; at none, if it is ``key``'s watch,
+    the watch to stop now (the caller stops it, outside the lock) or its stop scheduled
+    after its linger."""
     watched.users -= 1
-    if watched.users:
+    if watched.users or _watches.get(key) is not watched:
         return None
     if not watched.watch.linger:
         del _watches[key]
         return watched.watch
-    watched.idle = threading.Timer(watched.watch.linger, _stop_idle, (key, watched))
-    watched.idle.daemon = True
-    watched.idle.start()
+    idle = threading.Timer(watched.watch.linger, _stop_idle, (key, watched))
+    idle.daemon = True
+    try:
+        idle.start()
+    except RuntimeError:  # no thread to be had: stop it now
+        del _watches[key]
+        return watched.watch
+    watched.idle = idle
     return None
 
 
@@ -269,7 +319,7 @@ def _forked() -> None:
     for waiting in _waiters.values():
         for waiter in waiting:
             waiter._lock = threading.Lock()
-            waiter._watching = False
+            waiter._watched = None
             waiter._watch_tried = -WATCH_RETRY
     _watches.clear()
 

@@ -87,6 +87,42 @@ def test_a_watch_that_fails_to_start_is_tried_again(
     assert key not in wakeup._watches  # none left registered (a file's stops at once)
 
 
+@pytest.mark.usefixtures("no_poll")
+def test_a_watch_whose_thread_fails_is_made_again(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch started, and its thread failed to open its connection (EMFILE): a waiter
+    already waiting makes it again and hears another process's commit."""
+    from harel_store.connection import local
+
+    db = database("libsql-file", tmp_path, request)
+    store = db.open()
+    store.save(Execution(id="a", definition_id="d"))
+    libsql = local.import_libsql()
+    failures = [OSError(errno.EMFILE, os.strerror(errno.EMFILE))]
+
+    class Failing:
+        def connect(self, *args: Any, **kwargs: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return libsql.connect(*args, **kwargs)
+
+    monkeypatch.setattr(local, "import_libsql", Failing)
+    done: list[float] = []
+    try:
+        waiter = threading.Thread(
+            target=lambda: done.append(store.wait_for("a", timeout=10) and time.time())
+        )
+        waiter.start()
+        time.sleep(0.3 + wakeup.WATCH_RETRY)  # the failure, and the watch made again
+        assert not failures
+        (at,) = db.other("finish", "a")
+        waiter.join(15)
+    finally:
+        store.close()
+    assert done and done[0] - at < WOKEN
+
+
 def test_waiting_costs_reads_in_proportion_to_what_changed(tmp_path: Path) -> None:
     """The work of the store's connection a commit (SQLite's VM steps: its commit, and the
     reads of wait_for's reader that it causes) does not grow with the calls waiting, nor

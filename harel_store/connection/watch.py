@@ -86,6 +86,7 @@ class FileWatch:
         self._stop_r, self._stop_w = -1, -1
         self._thread: threading.Thread | None = None
         self.live = False  # while it looks for commits
+        self.failed = False  # it ended on an error: to be made again (harel_store.wakeup)
 
     def start(self, signal: Signal) -> None:
         """Begin watching; an error (no descriptor or thread to be had) leaves nothing open."""
@@ -128,8 +129,9 @@ class FileWatch:
                 inotify = self._watch_directory()
             self.live = True
             self._loop(signal, db, inotify)
-        except Exception as exc:  # a hint lost: waiters poll
+        except Exception as exc:  # a hint lost: waiters poll, and make the watch again
             log.warning("cannot watch %s for other processes' commits: %s", self.path, exc)
+            self.failed = True
         finally:
             self.live = False
             if inotify >= 0:
