@@ -12,10 +12,11 @@ waiter, stopped when the last one leaves, or a little after (its ``linger``: a s
 streams, so that short waits do not reconnect each time). Databases are told apart by a key
 their connection gives (`Connection.key`).
 
-A watch that fails to start (no descriptor, no thread to be had just now) is not kept: its
-waiter goes on with this process's signals and its own poll, and asks for the watch again
-at its next wait, at most every `WATCH_RETRY` seconds. A forked child starts with no watch
-and no waiter of its parent's (their threads did not come with it).
+A watch that fails to start (no descriptor, no thread to be had just now), or whose thread
+fails later, is not kept: its waiters go on with this process's signals and their polls,
+and make it again at their next wait, at most every `WATCH_RETRY` seconds (a wait ends that
+often while they have none). A forked child keeps no watch of its parent's (their threads
+did not come with it): its waiters make their own.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ log = logging.getLogger("harel_store")
 
 
 class Watch(Protocol):
-    """Something that raises the signals of other processes' writes to one database."""
+    """Something that raises the signals of other processes' writes to one database. It may
+    also say ``live`` (it hears every commit as it comes: the waiters' safety reads are
+    paced further apart) and ``failed`` (it ended on an error: it is made again)."""
 
     linger: float  # seconds it outlives its last waiter
 
