@@ -33,9 +33,9 @@ from harel_store.wakeup import EXECUTION, PACE, Waiter
 # reader outlives its last call; how long before its last read a change is looked for (a
 # commit's clock is read when it is written, a moment before others see it).
 POLL = 1.0
-POLL_LONGEST = 30.0
+POLL_LONGEST = 10.0
 LINGER = 2.0
-MARGIN = 0.5
+MARGIN = 1.0
 _NEW = "new call"  # a signal of the reader's own: read now
 _NEVER = 1e300  # a time no execution was written at (finite: a server's JSON has no inf)
 

@@ -148,6 +148,10 @@ class Waiter:
         if idle is not None:
             idle.stop()
 
+    def _retry_in(self) -> float:
+        """Seconds until its watch may be made again (`WATCH_RETRY` after the last try)."""
+        return max(self._watch_tried + WATCH_RETRY - time.monotonic(), 0.001)
+
     def _watched_well(self) -> bool:
         """Whether this waiter's watch runs (or it needs none): else its waits end every
         `WATCH_RETRY` seconds to make it again."""
@@ -199,9 +203,9 @@ class Waiter:
             left = deadline - time.monotonic()
             if self._watched_well():
                 return self._event.wait(max(left, 0.0))
-            if self._event.wait(max(min(left, WATCH_RETRY), 0.0)):
+            if self._event.wait(max(min(left, self._retry_in()), 0.0)):
                 return True
-            if left <= WATCH_RETRY:
+            if time.monotonic() >= deadline:
                 return False
 
     async def await_signal(self, timeout: float) -> bool:
@@ -219,10 +223,10 @@ class Waiter:
             well = self._watched_well()
             try:
                 await asyncio.wait_for(
-                    bound[1].wait(), max(left if well else min(left, WATCH_RETRY), 0.0)
+                    bound[1].wait(), max(left if well else min(left, self._retry_in()), 0.0)
                 )
             except asyncio.TimeoutError:
-                if well or left <= WATCH_RETRY:
+                if well or time.monotonic() >= deadline:
                     return False
                 continue
             return True

@@ -114,7 +114,7 @@ def test_a_watch_whose_thread_fails_is_made_again(
             target=lambda: done.append(store.wait_for("a", timeout=10) and time.time())
         )
         waiter.start()
-        time.sleep(0.3 + wakeup.WATCH_RETRY)  # the failure, and the watch made again
+        time.sleep(0.5 + wakeup.WATCH_RETRY)  # the failure, and the watch made again
         assert not failures
         (at,) = db.other("finish", "a")
         waiter.join(15)
@@ -133,7 +133,7 @@ def test_waiting_costs_reads_in_proportion_to_what_changed(tmp_path: Path) -> No
         store.save(Execution(id="busy", definition_id="d"))
         for i in range(1000):
             store.save(Execution(id=f"old{i}", definition_id="d", status="finished"))
-        time.sleep(1.0)  # long ago, as the reader reckons (awaiting.MARGIN)
+        time.sleep(awaiting.MARGIN + 0.5)  # long ago, as the reader reckons
         calls = [Call(f"e{i}", FINAL) for i in range(waiting)]
         for call in calls:
             store._awaits.add(call)

@@ -132,6 +132,7 @@ class FileWatch:
         except Exception as exc:  # a hint lost: waiters poll, and make the watch again
             log.warning("cannot watch %s for other processes' commits: %s", self.path, exc)
             self.failed = True
+            signal(frozenset((ANY,)))  # its waiters look, and make it again at their next wait
         finally:
             self.live = False
             if inotify >= 0:
@@ -172,6 +173,8 @@ class FileWatch:
     def _loop(self, signal: Signal, db: Any, inotify: int) -> None:
         wal = os.fsencode(os.path.basename(self.path) + "-wal")
         seen = _data_version(db)
+        # Whatever was committed before this watch was (a watch made again) was missed: look.
+        signal(frozenset((ANY,)))
         pause: float | None = None if inotify >= 0 else FALLBACK_EVERY
         settle_until = 0.0
         watched = [self._stop_r] if inotify < 0 else [self._stop_r, inotify]
