@@ -233,7 +233,7 @@ def test_the_safety_read_is_paced_while_the_watch_is_live(sqld: Any) -> None:
 
     def spy(request: Any) -> Any:
         if not isinstance(request, Batch):
-            reads.append(request.statement[0].name)
+            reads.append(getattr(request, "statement", request)[0].name)
         return execute(request)
 
     store._conn.execute = spy  # type: ignore[method-assign]
