@@ -42,6 +42,7 @@ __all__ = [
     "alembic_config",
     "alembic_in_child",
     "bounded_elsewhere",
+    "command_in_child",
     "database_from_env",
     "deadline",
     "driver_failure",
@@ -168,6 +169,26 @@ CommandLine(prog="alembic").run_cmd(Config(cmd_opts=options, **files), options)
 """
 
 
+# A program's own call of Alembic's `command`, run again in the child: its one line, if it
+# fails, on stdout (a failure of another kind shows its traceback on stderr).
+_COMMAND = """
+import pickle, sys
+from alembic import command
+from alembic.config import Config
+from alembic.util import CommandError
+files, options, attributes, name, revision, tag = pickle.loads(sys.stdin.buffer.read())
+config = Config(**files)
+for key, value in options:
+    config.set_section_option(files["ini_section"], key, value)
+config.attributes.update(attributes)
+try:
+    getattr(command, name)(config, revision, tag=tag)
+except CommandError as exc:
+    sys.stdout.write(str(exc))
+    sys.exit(1)
+"""
+
+
 def migration_timeout(given: object = None) -> float:
     """Seconds a run against a server may take: ``given`` (seconds, or their text), else
     $HAREL_TIMEOUT, else 30. ValueError for anything but a number of seconds > 0."""
@@ -187,26 +208,32 @@ def timed_out(where: str, seconds: float) -> str:
 
 
 def run_bounded(
-    argv: list[str], seconds: float, *, env: dict[str, str] | None = None, stdin: bytes = b""
-) -> int | None:
-    """Run ``argv`` (a run's child process, sharing this one's stdout and stderr; ``stdin``
-    its input) and wait for it at most ``seconds``: its exit status, or None when the
-    deadline came first. A child not over by then, or when the wait is interrupted, is
-    killed and reaped: none is left running."""
+    argv: list[str],
+    seconds: float,
+    *,
+    env: dict[str, str] | None = None,
+    stdin: bytes = b"",
+    capture: bool = False,
+) -> tuple[int, bytes] | None:
+    """Run ``argv`` (a run's child process, sharing this one's stderr, and its stdout unless
+    ``capture``; ``stdin`` its input) and wait for it at most ``seconds``: its exit status
+    and what it printed if captured, or None when the deadline came first. A child not over
+    by then, or when the wait is interrupted, is killed and reaped: none is left running."""
     child = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE if capture else None,
         env={**(os.environ if env is None else env), PARENT: str(os.getpid())},
     )
     try:
-        child.communicate(stdin, timeout=seconds)
+        out, _ = child.communicate(stdin, timeout=seconds)
     except subprocess.TimeoutExpired:
         return None
     finally:
         if child.returncode is None:
             child.kill()
-            child.wait()
-    return child.returncode
+            child.communicate()
+    return child.returncode, out or b""
 
 
 def alembic_in_child(config: Config, seconds: float) -> int | None:
@@ -219,7 +246,38 @@ def alembic_in_child(config: Config, seconds: float) -> int | None:
     if toml is not None:
         files["toml_file"] = toml
     payload = pickle.dumps((files, config.cmd_opts))
-    return run_bounded([sys.executable, "-c", _ALEMBIC], seconds, stdin=payload)
+    done = run_bounded([sys.executable, "-c", _ALEMBIC], seconds, stdin=payload)
+    return None if done is None else done[0]
+
+
+def command_in_child(
+    config: Config, command: tuple[str, str, str | None], seconds: float, where: str
+) -> str | None:
+    """A program's own ``alembic.command.upgrade`` or ``downgrade`` (``command``: its name,
+    revision and tag) run again in a child process on the same configuration (its file,
+    its main options, its attributes that are plain values), bounded by ``seconds``
+    (`run_bounded`). None when it succeeded, else the one line of its failure: its
+    CommandError's, or at the deadline `timed_out` (``where``: the database, no secret)."""
+    section = config.config_ini_section
+    files = {"file_": config.config_file_name, "ini_section": section}
+    toml = getattr(config, "toml_file_name", None)
+    if toml is not None:
+        files["toml_file"] = toml
+    options = (
+        config.file_config.items(section, raw=True)
+        if config.file_config.has_section(section)
+        else []
+    )
+    plain = (str, int, float, bool, type(None))
+    attributes = {k: v for k, v in config.attributes.items() if isinstance(v, plain)}
+    payload = pickle.dumps((files, options, attributes, *command))
+    done = run_bounded([sys.executable, "-c", _COMMAND], seconds, stdin=payload, capture=True)
+    if done is None:
+        return timed_out(where, seconds)
+    status, out = done
+    if status == 0:
+        return None
+    return out.decode("utf-8", "replace").strip() or f"the migration failed (exit status {status})"
 
 
 def bounded_elsewhere() -> bool:
@@ -249,9 +307,9 @@ if not select.select([sys.stdin], [], [], seconds)[0]:
 @contextmanager
 def deadline(seconds: float, message: str) -> Iterator[None]:
     """End this process (SIGKILL, after ``message`` on stderr) if the block is not over
-    within ``seconds``: the bound of a run that a program started with Alembic's
-    ``command`` functions, whose command cannot be run again in a child. ``message`` shows
-    on the watchdog's command line: never put a secret in it."""
+    within ``seconds``: the bound of a command a program started with Alembic's ``command``
+    functions that cannot be run again in a child (not an upgrade or a downgrade).
+    ``message`` shows on the watchdog's command line: never put a secret in it."""
     watchdog = subprocess.Popen(
         [sys.executable, "-I", "-c", _WATCHDOG, str(os.getpid()), repr(seconds), message],
         stdin=subprocess.PIPE,

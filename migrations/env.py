@@ -35,6 +35,7 @@ from harel_store.errors import StoreError, scrub
 from harel_store.migrate import (
     alembic_in_child,
     bounded_elsewhere,
+    command_in_child,
     deadline,
     driver_failure,
     migration_timeout,
@@ -112,6 +113,18 @@ def scripts_only() -> bool:
     return name == "merge" or (
         name == "history" and not getattr(config.cmd_opts, "indicate_current", False)
     )
+
+
+def running_command() -> tuple[str, str, str | None] | None:
+    """The upgrade or downgrade a program asked of Alembic's `command` (its name, revision
+    and tag), which a child process can run again; None for any other command."""
+    environment = getattr(context, "_proxy", None)  # as in scripts_only
+    opts = getattr(environment, "context_opts", {})
+    name = getattr(opts.get("fn"), "__name__", "")
+    revision = opts.get("destination_rev")
+    if name not in ("upgrade", "downgrade") or not isinstance(revision, str):
+        return None
+    return name, revision, context.get_tag_argument()
 
 
 def run_for_scripts() -> None:
@@ -202,7 +215,13 @@ def run_migrations_online() -> None:
             if status != 0:
                 raise SystemExit(status)  # the child said why
             return
-        # A program's own call of Alembic's `command`: a watchdog ends its process.
+        command = running_command()
+        if command is not None:  # a program's own upgrade or downgrade: run again in a child
+            failure = command_in_child(config, command, seconds, database.where)
+            if failure is not None:
+                raise MigrationFailed(failure, database)
+            return
+        # Any other command a program runs (stamp, current): a watchdog ends its process.
         bound = deadline(seconds, f"harel-store: error: {timed_out(database.where, seconds)}")
     if not local:
         reach(given, database)

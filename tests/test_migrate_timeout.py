@@ -111,3 +111,31 @@ def test_alembic_upgrade_at_its_timeout_fails_as_alembic_does(frozen: SqldServer
     assert result.returncode == 255, (result.returncode, result.stdout, result.stderr)
     assert f"FAILED: {LINE.format(url=frozen.url)}" in result.stdout.splitlines()
     assert frozen.token not in result.stdout + result.stderr
+
+
+PROGRAM = """
+import sys
+from alembic import command
+from harel_store.migrate import alembic_config
+config = alembic_config(sys.argv[1])
+config.attributes["timeout"] = 2
+try:
+    command.upgrade(config, "head")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.sqld
+@pytest.mark.slow
+def test_a_programs_own_upgrade_at_its_timeout_raises_and_the_program_lives_on(
+    frozen: SqldServer,
+) -> None:
+    """A program that runs Alembic's ``command.upgrade`` itself (the timeout attribute) gets
+    the failure as an exception it can handle: its process is not killed."""
+    result, took = run([sys.executable, "-c", PROGRAM, frozen.url], frozen)
+    assert took < TIMEOUT + MARGIN, took
+    assert result.returncode == 3, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout.splitlines() == [f"MigrationFailed {LINE.format(url=frozen.url)}"]
+    assert frozen.token not in result.stdout + result.stderr

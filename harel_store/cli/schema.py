@@ -175,10 +175,10 @@ def _bounded(where: str, args: argparse.Namespace) -> int:
         raise Failure(str(exc)) from None
     argv = [sys.executable, "-m", "harel_store", "migrate", "--to", args.to]
     # The database by the environment: a token in its URL stays off the command line.
-    status = run_bounded(argv, seconds, env={**os.environ, "HAREL_DATABASE_URL": where})
-    if status is None:
+    done = run_bounded(argv, seconds, env={**os.environ, "HAREL_DATABASE_URL": where})
+    if done is None:
         raise Failure(timed_out(parse_database(where).where, seconds))
-    return status
+    return done[0]
 
 
 def configure_migrate(parser: argparse.ArgumentParser) -> None:
