@@ -132,3 +132,35 @@ def test_idle_connections_are_closed_and_capped_and_their_threads_reclaimed(
         assert until(lambda: threads(proc) <= before, 10), (threads(proc), before)
         status, body = get(url)  # it still serves
         assert status == 200 and "harel_store_executions" in body
+
+
+def test_an_interrupt_as_a_connections_thread_starts_stops_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM while the accepting thread waits for a connection's thread to start (on a busy
+    machine that thread may already have served and ended): the interrupt ends the server.
+    Before, the slot was freed twice, and the ValueError that raised hid the interrupt: the
+    server served on after SIGTERM."""
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    from harel_store.cli.metrics import _Server
+
+    def start_served_then_interrupted(thread: threading.Thread) -> None:
+        thread.run()  # the connection's thread has run to its end...
+        raise KeyboardInterrupt  # ...as the signal comes in Thread.start's wait
+
+    server = _Server(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    try:
+        with socket.create_connection(server.server_address) as client:
+            client.close()
+            request, address = server.get_request()
+            monkeypatch.setattr(threading.Thread, "start", start_served_then_interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                server.process_request(request, address)
+            monkeypatch.undo()
+        for _ in range(MAX_CONNECTIONS):  # every slot is free again, and no more than that
+            assert server._slots.acquire(blocking=False)
+        assert not server._slots.acquire(blocking=False)
+    finally:
+        server.server_close()

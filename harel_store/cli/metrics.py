@@ -148,9 +148,11 @@ class _Server(ThreadingHTTPServer):
             return
         try:
             super().process_request(request, client_address)
-        except BaseException:  # no thread started: the slot is free again
+        except Exception:  # the thread did not start ("can't start new thread"): slot free
             self._slots.release()
             raise
+        # An interrupt (SIGTERM) here came while the thread started, which frees its slot
+        # itself: releasing it here too failed, and that error hid the interrupt (served on).
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
