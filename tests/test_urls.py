@@ -523,3 +523,35 @@ def test_the_cli_says_what_to_write_for_a_plain_http_server(
             if command == ("status",):
                 assert f"use http://{hp} or libsql://{hp}?tls=0" in line, line
     assert entries(here) == set()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "libsql://host?authtoken=SECRET@evil",  # the parameter's name in any case
+        "libsql://host?AuthToken=SEC@RET",
+        "libsql://host\\@SECRET",
+        "https://host/?x=1&authToken=SEC@RET",
+        "libsql://user:SECRET@host",
+    ],
+)
+def test_no_piece_of_a_secret_is_shown_as_a_host(url: str) -> None:
+    """An @ after a ? or a backslash may sit inside a token: what follows it is no host."""
+    assert "SEC" not in show(url) and "RET" not in show(url), show(url)
+
+
+def test_a_proxys_repr_holds_no_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report of a failing frame's locals (Sentry, capture_locals) shows reprs: the proxy's
+    CONNECT request, with its Proxy-Authorization, is not in the proxy's."""
+    import base64
+
+    from harel_store.connection import http
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://alice:s3cr%2Ft@127.0.0.1:9")
+    client = http.Client("https://db.example.com", headers={}, timeout=2, ssl_context=None)
+    try:
+        shown = repr(client._proxy)
+        assert "s3cr" not in shown and base64.b64encode(b"alice:s3cr/t").decode() not in shown
+        assert "127.0.0.1:9" in shown
+    finally:
+        client.close()

@@ -27,7 +27,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -272,7 +272,7 @@ class _Proxy:
     host: str
     port: int
     shown: str  # scheme://host:port, never the credentials
-    connect: bytes
+    connect: bytes = field(repr=False)  # its Proxy-Authorization holds the password
     problem: str | None = None
 
 

@@ -242,8 +242,9 @@ def is_remote(database: str | os.PathLike[str]) -> bool:
 def show(database: str | os.PathLike[str]) -> str:
     """The database fit for messages: a URL (whatever its scheme) without its user info,
     fragment or query, any of which may carry a token; ``tls=`` and ``secure=`` stay, as
-    they change what the URL means (``scheme://...`` where an ``@`` after a token or a ``#``
-    leaves it unclear where a secret ends). A path is shown as it is, up to a token in it."""
+    they change what the URL means (``scheme://...`` where an ``@`` after a ``?``, a ``#``
+    or a backslash leaves it unclear where a secret ends). A path is shown as it is, up to a
+    token in it."""
     text = os.fspath(database) if isinstance(database, os.PathLike) else str(database)
     if isinstance(database, os.PathLike) or not ("://" in text or text[:5].lower() == "file:"):
         return text.partition("?")[0] if _TOKEN.search(text) else text
@@ -251,7 +252,7 @@ def show(database: str | os.PathLike[str]) -> str:
     if "@" in rest and not rest.startswith("/"):  # a host's URL, not a file's (:///path)
         # A user part, whose password may hold /, ? or #: nothing before the @ is shown.
         before, _, after = rest.rpartition("@")
-        if "#" in before or _TOKEN.search(before):
+        if any(mark in before for mark in "#?\\"):
             # The @ may as well be inside a token or a fragment: then what follows it is
             # no host but a piece of the secret. Show neither side.
             return f"{scheme}://..."
