@@ -164,3 +164,36 @@ def test_an_interrupt_as_a_connections_thread_starts_stops_the_server(
         assert not server._slots.acquire(blocking=False)
     finally:
         server.server_close()
+
+
+@pytest.mark.slow
+def test_clients_that_dribble_their_request_hold_no_slot_past_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """Each of MAX_CONNECTIONS clients sends a byte of its request every second (no read
+    waits IDLE_TIMEOUT): past IDLE_TIMEOUT from their accept they are cut, and a scrape is
+    served. Before, the timeout was a read's: they held every slot for as long as they
+    liked, and every scrape was refused."""
+    db = str(tmp_path / "m.db")
+    LibsqlStore(db).close()
+    with listening(db) as (_, url):
+        host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+        socks = [
+            socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS)
+        ]
+        try:
+            began = time.monotonic()
+            cut = 0
+            while time.monotonic() - began < IDLE_TIMEOUT + 3 and cut < len(socks):
+                cut = 0
+                for sock in socks:
+                    try:
+                        sock.sendall(b"G")
+                    except OSError:
+                        cut += 1
+                time.sleep(1)
+            assert cut == len(socks), f"{len(socks) - cut} dribbling clients still connected"
+            assert get(url)[0] == 200
+        finally:
+            for sock in socks:
+                sock.close()

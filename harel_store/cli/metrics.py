@@ -6,7 +6,9 @@ sql/queries.sql): one consistent read. Needs the ``prometheus`` extra (prometheu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
+import socket
 import sys
 import threading
 import time
@@ -141,14 +143,19 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._reading: dict[socket.socket, float] = {}  # requests not yet in: since when
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
             return
+        with self._lock:
+            self._reading[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
         except Exception:  # the thread did not start ("can't start new thread"): slot free
+            self.request_read(request)
             self._slots.release()
             raise
         # An interrupt (SIGTERM) here came while the thread started, which frees its slot
@@ -158,7 +165,23 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.request_read(request)
             self._slots.release()
+
+    def request_read(self, request: socket.socket) -> None:
+        """``request``'s request is in (or its connection over): no deadline cuts it now."""
+        with self._lock:
+            self._reading.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Twice a second: a connection whose request is not in within IDLE_TIMEOUT of its
+        accept is cut, however it dribbles its bytes (a slow client holds a slot no longer)."""
+        late = time.monotonic() - IDLE_TIMEOUT
+        with self._lock:
+            cut = [request for request, since in self._reading.items() if since <= late]
+        for request in cut:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                request.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away is no news; anything else is one line, no traceback."""
@@ -173,6 +196,7 @@ def _serve(store: Store, where: str, address: tuple[str, int]) -> int:
         timeout = IDLE_TIMEOUT  # a silent client's connection is closed, its thread freed
 
         def do_GET(self) -> None:
+            server.request_read(self.connection)
             if self.path.split("?")[0] != "/metrics":
                 self._send(404, b"not found: the gauges are at /metrics\n", "text/plain")
                 return
@@ -230,8 +254,9 @@ outbox entry's and spawn's age, the most overdue timer's lag. One consistent rea
 
 --listen HOST:PORT serves them at http://HOST:PORT/metrics until SIGTERM (port 0: a free
 port, printed), each scrape one read; a read that fails, or a schema not at head (checked
-at every scrape), answers 503 with the store's one-line error. A connection silent for
-{IDLE_TIMEOUT:g} s is closed; beyond {MAX_CONNECTIONS} at once, a new one is closed at once.
+at every scrape), answers 503 with the store's one-line error. A connection whose request is
+not in {IDLE_TIMEOUT:g} s after it opened is closed; beyond {MAX_CONNECTIONS} at once, a new one is
+closed at once.
 
 examples:
   {PROG} metrics
