@@ -284,6 +284,14 @@ async def _pause(waiter: Waiter, seconds: float) -> None:
         waiting.cancel()
 
 
+def _cancelling() -> bool:
+    """Whether the running task itself is asked to stop (asyncio.run's end cancels every
+    task left, handlers too), not merely handed the CancelledError of something another
+    task cancelled. (Python 3.11+; before, unknown: False.)"""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return bool(cancelling is not None and cancelling())
+
+
 def _conflicted(item: RelayItem, tries: int, exc: StoreConflict) -> bool:
     """Whether to call the handler again at once after its ``tries``-th conflict in a row."""
     if tries > CONFLICT_RETRIES:
@@ -774,8 +782,8 @@ class AsyncRelay:
                                 continue
                             outcome.failed.append((item, _error(exc)))
                         except asyncio.CancelledError as exc:
-                            if outcome.cancelled:  # the round's own cancellation: it goes on
-                                raise
+                            if outcome.cancelled or _cancelling():
+                                raise  # the round's or this task's own (a shutdown): released
                             # Something the handler awaited was cancelled by another task.
                             outcome.failed.append((item, _error(exc)))
                         except Exception as exc:

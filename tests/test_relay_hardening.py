@@ -195,3 +195,28 @@ def test_a_sync_relay_interrupted_while_its_round_settles_ends_with_the_interrup
         proxy.delay = 0.0
         store.close()
     assert time.monotonic() - started < WAIT / 2
+
+
+def test_a_shutdown_that_cancels_the_handlers_fails_no_item(tmp_path: Path) -> None:
+    """asyncio.run's end cancels every task left, a background relay's handler tasks as
+    well as its round: their items are released as they were, not failed (an attempt spent,
+    a dead letter at the next claim with max_attempts=1)."""
+    path = tmp_path / "s.db"
+    started: list[int] = []
+
+    async def handle(entry: OutboxEntry) -> None:
+        started.append(entry.seq)
+        await asyncio.sleep(3600)
+
+    async def main() -> None:
+        store = await _seeded(path, 4)
+        relay = AsyncRelay(store, "w", on_outbox=handle, max_attempts=1)
+        asyncio.get_running_loop().create_task(relay.run())  # left running: cancelled at the end
+        while len(started) < 4:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    with LibsqlStore(path) as store:
+        entries = store.outbox_view()
+        assert len(entries) == 4 and not store.dead_letters(kind="outbox")
+        assert all(e.last_error is None for e in entries), entries
