@@ -45,11 +45,14 @@ __all__ = [
     "command_in_child",
     "database_from_env",
     "deadline",
+    "die_with",
     "driver_failure",
+    "killed",
     "migration_hint",
     "migration_timeout",
     "number_revision",
     "parse_database",
+    "python_child",
     "refuse_unknown_revision",
     "run_bounded",
     "run_sql",
@@ -160,6 +163,22 @@ TIMEOUT = 30.0  # how long a run against a server may take, as a whole, unless t
 # In a run's child process: the pid of the process that bounds it (`bounded_elsewhere`).
 PARENT = "HAREL_MIGRATE_PARENT"
 
+# The first lines of every child's program: the current directory off its sys.path, where
+# ``python -c`` puts it first (as ''), so that a folder holding a ``harel_store`` or an
+# ``alembic`` of its own is never what the child imports. Not ``-I``, which would also drop
+# the user site, where ``pip install --user`` puts the package; not ``-P``, new in 3.11.
+_OWN_PATH = """import sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+"""
+
+
+def python_child(code: str, *args: str) -> list[str]:
+    """The command line of a child process of ours: this Python running ``code`` (with
+    ``args`` as its sys.argv[1:]), importing nothing from the current directory."""
+    return [sys.executable, "-c", _OWN_PATH + code, *args]
+
+
 # Alembic's command line, run again in the child: the same command, options and files.
 _ALEMBIC = """
 import pickle, sys
@@ -207,6 +226,20 @@ def timed_out(where: str, seconds: float) -> str:
     )
 
 
+def killed(where: str, status: int) -> str:
+    """The one line of a run whose process was killed by a signal (``status``: its negative
+    exit status, as `subprocess` gives it), by no one of ours (an OOM kill): it may have
+    committed or not (``where``: the database, no secret)."""
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        name = f"signal {-status}"
+    return (
+        f"{where}: the process of the migration was killed by {name}; where it got to is"
+        " unknown: `harel-store status` shows the revision"
+    )
+
+
 def run_bounded(
     argv: list[str],
     seconds: float,
@@ -217,8 +250,9 @@ def run_bounded(
 ) -> tuple[int, bytes] | None:
     """Run ``argv`` (a run's child process, sharing this one's stderr, and its stdout unless
     ``capture``; ``stdin`` its input) and wait for it at most ``seconds``: its exit status
-    and what it printed if captured, or None when the deadline came first. A child not over
-    by then, or when the wait is interrupted, is killed and reaped: none is left running."""
+    and what it printed if captured, or None when the deadline came first; a negative status
+    when a signal killed it (`killed` says so). A child not over by then, or when the wait
+    is interrupted, is killed and reaped: none is left running."""
     child = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
@@ -238,15 +272,16 @@ def run_bounded(
 
 def alembic_in_child(config: Config, seconds: float) -> int | None:
     """Alembic's command line (``config.cmd_opts``) run again in a child process, bounded by
-    ``seconds`` (`run_bounded`): its exit status (it says why it failed), or None at the
-    deadline. The options go through a pipe: a token in ``-x url=`` is never on a command
-    line that this process did not already have."""
+    ``seconds`` (`run_bounded`): its exit status (it says why it failed, unless a signal
+    killed it: a negative status, see `killed`), or None at the deadline. The options go
+    through a pipe: a token in ``-x url=`` is never on a command line that this process did
+    not already have."""
     files = {"file_": config.config_file_name, "ini_section": config.config_ini_section}
     toml = getattr(config, "toml_file_name", None)
     if toml is not None:
         files["toml_file"] = toml
     payload = pickle.dumps((files, config.cmd_opts))
-    done = run_bounded([sys.executable, "-c", _ALEMBIC], seconds, stdin=payload)
+    done = run_bounded(python_child(_ALEMBIC), seconds, stdin=payload)
     return None if done is None else done[0]
 
 
@@ -257,7 +292,8 @@ def command_in_child(
     revision and tag) run again in a child process on the same configuration (its file,
     its main options, its attributes that are plain values), bounded by ``seconds``
     (`run_bounded`). None when it succeeded, else the one line of its failure: its
-    CommandError's, or at the deadline `timed_out` (``where``: the database, no secret)."""
+    CommandError's, at the deadline `timed_out`, or `killed` when a signal killed its
+    process (``where``: the database, no secret)."""
     section = config.config_ini_section
     files = {"file_": config.config_file_name, "ini_section": section}
     toml = getattr(config, "toml_file_name", None)
@@ -271,12 +307,14 @@ def command_in_child(
     plain = (str, int, float, bool, type(None))
     attributes = {k: v for k, v in config.attributes.items() if isinstance(v, plain)}
     payload = pickle.dumps((files, options, attributes, *command))
-    done = run_bounded([sys.executable, "-c", _COMMAND], seconds, stdin=payload, capture=True)
+    done = run_bounded(python_child(_COMMAND), seconds, stdin=payload, capture=True)
     if done is None:
         return timed_out(where, seconds)
     status, out = done
     if status == 0:
         return None
+    if status < 0:
+        return killed(where, status)
     return out.decode("utf-8", "replace").strip() or f"the migration failed (exit status {status})"
 
 
@@ -286,11 +324,17 @@ def bounded_elsewhere() -> bool:
     parent = os.environ.get(PARENT)
     if parent is None:
         return False
+    die_with(int(parent) if parent.isdigit() else -1)
+    return True
+
+
+def die_with(parent: int) -> None:
+    """Have this process killed (SIGKILL) when its parent, ``parent`` (its pid), ends
+    (Linux); end it now if that parent is gone already."""
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if str(os.getppid()) != parent:  # gone already
+    if os.getppid() != parent:  # gone already: this process was handed to another
         os._exit(1)
-    return True
 
 
 # The watchdog: a second Python, waiting for its stdin to close (the work is over, or this

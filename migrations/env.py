@@ -38,6 +38,7 @@ from harel_store.migrate import (
     command_in_child,
     deadline,
     driver_failure,
+    killed,
     migration_timeout,
     number_revision,
     refuse_unknown_revision,
@@ -212,6 +213,8 @@ def run_migrations_online() -> None:
             status = alembic_in_child(config, seconds)
             if status is None:
                 raise MigrationFailed(timed_out(database.where, seconds), database)
+            if status < 0:  # a signal killed it (an OOM kill): it said nothing
+                raise MigrationFailed(killed(database.where, status), database)
             if status != 0:
                 raise SystemExit(status)  # the child said why
             return

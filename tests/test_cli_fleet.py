@@ -308,3 +308,57 @@ def test_what_a_child_of_the_command_prints_is_its_output() -> None:
     assert (
         answers == [{"status": 0, "out": "from the command\nfrom a child\n", "err": "oops\n"}] * 2
     )
+
+
+@pytest.mark.sqld
+@pytest.mark.slow
+def test_sigterm_to_a_fleet_migrate_leaves_no_worker_or_migration_running(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to ``harel-store --fleet FILE migrate`` (as systemd or kubectl stop it) while
+    a database's migration waits on a server that does not answer: its workers and their
+    migration children end with it, not at --timeout (against a slow server they would
+    commit after the operator stopped the command)."""
+    import os
+    import signal
+    import sys
+    import time
+    import uuid
+
+    from tests.sqld import SqldServer
+    from tests.test_migrate_timeout import descendant, kill_tagged, tagged
+
+    server = SqldServer(auth=True).start()
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    tag = uuid.uuid4().hex
+    try:
+        fleet = write_fleet(tmp_path / "fleet.txt", {"b": server.url})
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+        env.update(HAREL_AUTH_TOKEN=server.token, HAREL_TEST_TAG=tag)
+        command = [str(Path(sys.executable).with_name("harel-store")), "--fleet", str(fleet)]
+        proc = subprocess.Popen(
+            [*command, "migrate", "--timeout", "60"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            descendant(proc.pid, 2)  # a worker's migration child
+            time.sleep(1.0)  # it waits on the server now
+            assert len(tagged(tag)) == 3  # the command, its worker, the migration
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+            end = time.monotonic() + 2.0
+            while tagged(tag) and time.monotonic() < end:
+                time.sleep(0.05)
+            assert tagged(tag) == [], "a worker or its migration outlived the command"
+        finally:
+            proc.kill()
+            proc.wait()
+            kill_tagged(tag)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.close()

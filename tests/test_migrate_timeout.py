@@ -5,6 +5,7 @@ of it is left running. A real sqld of the test's own, stopped with SIGSTOP."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ALEMBIC
+from tests.helpers import ALEMBIC, ROOT
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
@@ -139,3 +140,189 @@ def test_a_programs_own_upgrade_at_its_timeout_raises_and_the_program_lives_on(
     assert result.returncode == 3, (result.returncode, result.stdout, result.stderr)
     assert result.stdout.splitlines() == [f"MigrationFailed {LINE.format(url=frozen.url)}"]
     assert frozen.token not in result.stdout + result.stderr
+
+
+# -- the migration's child killed, the current directory, the token's way to the child ------
+
+KILLED = (
+    "{url}: the process of the migration was killed by SIGKILL; where it got to is unknown:"
+    " `harel-store status` shows the revision"
+)
+ALEMBIC_SCRIPT = Path(sys.executable).with_name("alembic")
+
+
+def clean_env(server: SqldServer, tag: str, *, token: bool = True) -> dict[str, str]:
+    """The environment of a command under test: no HAREL_/TURSO_ of the caller's, the
+    server's token (unless not ``token``), and ``tag`` to find its processes by."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    env["HAREL_TEST_TAG"] = tag
+    if token:
+        env["HAREL_AUTH_TOKEN"] = server.token
+    return env
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s children, whichever of its threads started them."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def descendant(pid: int, depth: int, within: float = 30.0) -> int:
+    """The first process ``depth`` generations below ``pid`` (1: a child), once it is there."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        found = [pid]
+        for _ in range(depth):
+            found = [kid for p in found for kid in children(p)]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no process {depth} below {pid} within {within} s")
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged(tag):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.sqld
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["harel-store", "alembic"])
+def test_a_migration_child_killed_by_a_signal_is_one_line_and_a_plain_failure(
+    frozen: SqldServer, how: str
+) -> None:
+    """The child killed as an OOM kill would (SIGKILL): the command says so in one line and
+    fails as any failure does (exit 1; Alembic's FAILED:, 255), not with the signal's
+    negative status passed on (247) and nothing said."""
+    tag = uuid.uuid4().hex
+    if how == "harel-store":
+        command = [str(HARELSTORE), "migrate", "--url", frozen.url, "--timeout", "60"]
+    else:
+        command = [*ALEMBIC, "-x", f"url={frozen.url}", "-x", "timeout=60", "upgrade", "head"]
+    proc = subprocess.Popen(
+        command,
+        env=clean_env(frozen, tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = descendant(proc.pid, 1)
+        time.sleep(0.5)
+        os.kill(child, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+        kill_tagged(tag)
+    line = KILLED.format(url=frozen.url)
+    if how == "harel-store":
+        assert proc.returncode == 1, (proc.returncode, err)
+        assert err.splitlines() == [f"harel-store: error: {line}"]
+        assert out == ""
+    else:
+        assert proc.returncode == 255, (proc.returncode, out, err)
+        assert f"FAILED: {line}" in out.splitlines()
+    shown = frozen.token in out + err
+    assert not shown
+    assert tagged(tag) == []
+
+
+IMPOSTOR = """
+from pathlib import Path
+Path(__file__).resolve().parent.parent.joinpath("IMPOSTOR").write_text("imported")
+"""
+
+
+@pytest.mark.sqld
+@pytest.mark.slow
+def test_no_child_imports_from_the_current_directory(tmp_path: Path) -> None:
+    """A folder holding a ``harel_store`` package of its own (a checkout of another version,
+    a stray copy): the commands run from there use the installed package, in every child
+    process they start too (the migration's, the fleet's workers)."""
+    fake = tmp_path / "harel_store"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(IMPOSTOR)
+    (fake / "__main__.py").write_text("import sys\nsys.exit(0)\n")
+    (fake / "cli").mkdir()
+    (fake / "cli" / "__init__.py").write_text("def main(argv=None):\n    return 0\n")
+    (fake / "cli" / "fleet.py").write_text("def serve(main, parent=None):\n    pass\n")
+    marker = tmp_path / "IMPOSTOR"
+    tag = uuid.uuid4().hex
+    with SqldServer(auth=True) as server:
+        env = clean_env(server, tag)
+        migrated = subprocess.run(
+            [str(HARELSTORE), "migrate", "--url", server.url],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert not marker.exists(), "harel-store migrate ran the current directory's package"
+        assert migrated.returncode == 0, migrated.stderr
+        assert migrated.stdout.startswith(f"{server.url}: schema at revision")
+        upgraded = subprocess.run(
+            [str(ALEMBIC_SCRIPT), "-c", str(ROOT / "alembic.ini"), "-x", f"url={server.url}",
+             "upgrade", "head"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert not marker.exists(), "alembic upgrade ran the current directory's package"
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        fleet = tmp_path / "fleet.txt"
+        fleet.write_text(f"a {server.url}\n")
+        over = subprocess.run(
+            [str(HARELSTORE), "--fleet", str(fleet), "migrate"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert not marker.exists(), "a fleet's worker ran the current directory's package"
+        assert over.returncode == 0, over.stderr
+        assert over.stdout.startswith(f"a: {server.url}: schema at revision"), over.stdout
+    assert tagged(tag) == []
+
+
+@pytest.mark.sqld
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", [False, True])
+def test_a_token_only_in_the_url_is_in_no_childs_environment_or_command_line(
+    frozen: SqldServer, tmp_path: Path, fleet: bool
+) -> None:
+    """The database's URL goes to the migration's child on its stdin: a token in it
+    (``?authToken=``, as a fleet file's line holds it) is neither in /proc/PID/environ (which
+    anything the child starts would inherit) nor in /proc/PID/cmdline of the child, nor of a
+    fleet's worker."""
+    tag = uuid.uuid4().hex
+    url = f"{frozen.url}?authToken={frozen.token}"
+    if fleet:
+        fleet_file = tmp_path / "fleet.txt"
+        fleet_file.write_text(f"b {url}\n")
+        command = [str(HARELSTORE), "--fleet", str(fleet_file), "migrate", "--timeout", "60"]
+    else:
+        command = [str(HARELSTORE), "migrate", "--url", url, "--timeout", "60"]
+    proc = subprocess.Popen(
+        command,
+        env=clean_env(frozen, tag, token=False),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        child = descendant(proc.pid, 2 if fleet else 1)
+        time.sleep(1.0)  # it waits on the server now
+        watched = [child, *([descendant(proc.pid, 1)] if fleet else [])]
+        token = frozen.token.encode()
+        in_environ, in_cmdline = [], []  # pids, never the token (pytest would print it)
+        for pid in watched:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert tag.encode() in environ  # the right process
+            if token in environ:
+                in_environ.append(pid)
+            if token in Path(f"/proc/{pid}/cmdline").read_bytes():
+                in_cmdline.append(pid)
+        assert in_environ == [], "the token is in the environment of these processes"
+        assert in_cmdline == [], "the token is on the command line of these processes"
+    finally:
+        proc.kill()
+        proc.communicate()
+        kill_tagged(tag)

@@ -37,6 +37,7 @@ from harel_store.cli.output import PROG, Failure, colour_on, to_json
 from harel_store.connection import parse_database, show
 from harel_store.connection.url import token_from_env
 from harel_store.fleet import Fleet
+from harel_store.migrate import die_with, python_child
 
 __all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
 
@@ -102,7 +103,10 @@ class Worker:
     """A process of our own that runs the command on one database after another, so the
     imports are paid once per worker, not once per database. Started on first use, and
     again after one ended under a job (``migrate --timeout`` ends its process at the
-    deadline): that job's outcome is its exit status."""
+    deadline): that job's outcome is its exit status. It dies with this process (SIGTERM,
+    a kill), and the migration it runs dies with it: none goes on once the command ended.
+    (Linux kills it when the thread that started it ends: the thread that uses a Worker
+    closes it, which waits for its process, before it ends.)"""
 
     def __init__(self, argv: list[str], secrets: list[str]) -> None:
         self._argv = argv
@@ -117,7 +121,7 @@ class Worker:
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-c", _SERVE],
+                    python_child(_SERVE, str(os.getpid())),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=self._log,
@@ -171,15 +175,24 @@ class Worker:
             self._log = None
 
 
-# A worker's program: the command's `main` handed to the loop (this module is below it).
-_SERVE = "from harel_store.cli import main; from harel_store.cli.fleet import serve; serve(main)"
+# A worker's program: the command's `main` handed to the loop (this module is below it),
+# and the pid of the process that started it (sys.argv[1]), to die with.
+_SERVE = """
+from harel_store.cli import main
+from harel_store.cli.fleet import serve
+serve(main, int(sys.argv[1]))
+"""
 
 
-def serve(main: Callable[[list[str]], int]) -> None:
+def serve(main: Callable[[list[str]], int], parent: int | None = None) -> None:
     """A worker's loop: one job a line on stdin (a database and the command's arguments),
     run by ``main``; its outcome a line on the channel (stdout as it was when the worker
     started). From then on the file descriptor 1 is a file of its own: what reaches it
-    during a job (a child process the command runs writes there) is that job's output."""
+    during a job (a child process the command runs writes there) is that job's output.
+    ``parent``: the pid of the process that started it, which it dies with (`die_with`);
+    a migration's child it starts dies with it in turn (`bounded_elsewhere`)."""
+    if parent is not None:
+        die_with(parent)
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     stray = tempfile.TemporaryFile()  # noqa: SIM115 (the worker's whole life)
     os.dup2(stray.fileno(), 1)

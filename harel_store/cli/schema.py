@@ -29,7 +29,9 @@ from harel_store.errors import StoreError
 from harel_store.migrate import (
     alembic_config,
     bounded_elsewhere,
+    killed,
     migration_timeout,
+    python_child,
     run_bounded,
     timed_out,
 )
@@ -166,18 +168,34 @@ def _server(where: str) -> bool:
         return False
 
 
+# `migrate` run again in the child (`_bounded`): the database comes on its stdin.
+_MIGRATE = """
+from harel_store.cli import main
+where = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+sys.exit(main(["migrate", f"--url={where}", *sys.argv[1:]]))
+"""
+# The variables a database may be given by: none of them reaches the child.
+_DATABASE_VARIABLES = ("HAREL_DATABASE_URL", "TURSO_DATABASE_URL")
+
+
 def _bounded(where: str, args: argparse.Namespace) -> int:
     """``migrate`` against a server, run by a child process (this command again) that this
-    one stops at the deadline (`harel_store.migrate.run_bounded`): then one line, exit 1."""
+    one stops at the deadline (`harel_store.migrate.run_bounded`): then one line, exit 1;
+    one line and exit 1 too when a signal killed it (an OOM kill). The database goes to the
+    child on its stdin: a token in its URL is neither on the child's command line nor in its
+    environment (which anything it started would inherit)."""
     try:
         seconds = migration_timeout(args.timeout)
     except ValueError as exc:  # $HAREL_TIMEOUT
         raise Failure(str(exc)) from None
-    argv = [sys.executable, "-m", "harel_store", "migrate", "--to", args.to]
-    # The database by the environment: a token in its URL stays off the command line.
-    done = run_bounded(argv, seconds, env={**os.environ, "HAREL_DATABASE_URL": where})
+    argv = python_child(_MIGRATE, "--to", args.to)
+    env = {k: v for k, v in os.environ.items() if k not in _DATABASE_VARIABLES}
+    stdin = where.encode("utf-8", "surrogateescape")
+    done = run_bounded(argv, seconds, env=env, stdin=stdin)
     if done is None:
         raise Failure(timed_out(parse_database(where).where, seconds))
+    if done[0] < 0:
+        raise Failure(killed(parse_database(where).where, done[0]))
     return done[0]
 
 
