@@ -4,12 +4,16 @@ A call first reads its execution itself; if it is not there yet, it registers he
 waits. A reader thread, running while any call waits (and a moment after), waits for the
 database's signals (`harel_store.wakeup`: this process's commits, other processes' through
 the database's watch) and then reads what may have changed: the executions written since
-its last read (a little before, `MARGIN`) at a status some call waits for, one range of an
-index a status, and the record of those a call waits for; a new call's execution is read
-once, by id. So a change costs reads in proportion to what changed, however many calls
-wait. With no signal it reads every waited execution, a safety net paced like a relay's
-poll: `POLL` seconds after its last read, doubling up to `POLL_LONGEST` while the
-database's watch is live (a missed notification is rare then), `POLL` while it is not.
+its last read (a little before, `LAG`: a commit's clock is read when it writes, a moment
+before others see it) at a status some call waits for, one range of an index a status, and
+the record of those a call waits for; a new call's execution is read once, by id. So a
+change costs reads in proportion to what changed, however many calls wait. `SWEEP` seconds
+after such a read, one read looks further back (`MARGIN`), for a commit whose transaction
+went on for a while after it wrote the execution. With no signal it reads every waited
+execution, a safety net paced like a relay's poll: `POLL` seconds after its last read,
+doubling up to `POLL_LONGEST` while the database's watch is live (a missed notification is
+rare then), `POLL` while it is not. (That read also finds a commit that ended more than
+`MARGIN` after it wrote, or one made while the database's clock stepped back by more.)
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from harel_store.wakeup import EXECUTION, PACE, Waiter
 
 # The longest the reader waits for a signal before it reads every waited execution anyway (a
 # missed one costs this), and that wait's longest while the watch is live; how long the
-# reader outlives its last call; how long before its last read a change is looked for (a
-# commit's clock is read when it is written, a moment before others see it).
+# reader outlives its last call; how long before its last read a read looks for changes (a
+# commit's clock is read when it writes, a moment before others see it), and a sweep's, the
+# read that comes SWEEP seconds after one that looked only LAG back.
 POLL = 1.0
-POLL_LONGEST = 10.0
+POLL_LONGEST = 5.0
 LINGER = 2.0
-MARGIN = 1.0
+LAG = 0.02
+MARGIN = 2.0
+SWEEP = 0.5
 _NEW = "new call"  # a signal of the reader's own: read now
 _NEVER = 1e300  # a time no execution was written at (finite: a server's JSON has no inf)
 
@@ -232,8 +239,10 @@ class Awaits:
     def _serve(self, waiter: Waiter) -> None:
         read_at = -PACE
         idle_since: float | None = None
-        due = True  # a read is due: a new call, a signal, a poll
-        since: float | None = None  # what the next read looks from (None: read every call's)
+        due = True  # a read is due: a new call, a signal, a poll, a sweep
+        clock: float | None = None  # the database's at the last read (None: read every call's)
+        back = LAG  # how far before ``clock`` the next read looks
+        sweep_at: float | None = None  # when a read that looked only LAG back is swept
         poll = POLL
         while True:
             waiting = self._waiting()
@@ -254,11 +263,14 @@ class Awaits:
                 continue
             idle_since = None
             if not due:
-                waiter.wait(poll)
+                left = poll if sweep_at is None else min(poll, sweep_at - time.monotonic())
+                waiter.wait(max(left, 0.0))
                 signals = waiter.take()
                 due = True
-                if not signals:  # a poll: every waited execution, paced like a relay's
-                    since = None
+                if not signals and sweep_at is not None and left < poll:
+                    back, sweep_at = MARGIN, None  # a sweep: further back, once
+                elif not signals:  # a poll: every waited execution, paced like a relay's
+                    clock = None
                     poll = min(poll * 2, POLL_LONGEST) if waiter.live else POLL
                 elapsed = time.monotonic() - read_at
                 if signals and signals <= {EXECUTION} and elapsed < PACE:
@@ -268,16 +280,21 @@ class Awaits:
                 continue
             due = False
             read_at = time.monotonic()
+            narrow = clock is not None and back < MARGIN
             try:
-                now, found = self._read(since)
+                now, found = self._read(None if clock is None else clock - back)
             except Exception as exc:  # the waits end with it; the reader goes on for others
                 error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
                 if error is not exc:
                     error.__cause__ = exc
                 self._end_all(error)
-                since = None
+                clock = None
                 continue
-            since = now - MARGIN
+            if narrow and sweep_at is None:
+                sweep_at = read_at + SWEEP
+            elif not narrow:
+                sweep_at = None  # this read looked back far enough
+            clock, back = now, LAG
             self._resolve(found)
 
     def _resolve(self, found: dict[str, Execution]) -> None:

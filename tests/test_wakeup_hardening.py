@@ -6,6 +6,7 @@ a forked child's waiters are woken; a watch after a chdir watches the store's fi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harel_store import Execution, LibsqlStore, SqliteStore, awaiting, wakeup
+from harel_store import Execution, LibsqlStore, SqliteStore, StoreError, awaiting, wakeup
 from harel_store.awaiting import Call
 from harel_store.batch import Batch
 from harel_store.connection import watch
@@ -161,6 +162,83 @@ def test_waiting_costs_reads_in_proportion_to_what_changed(
     # A commit causes a read or two of constant cost (what changed, nothing here): a few
     # times a bare commit's steps, where reading every waited execution is a thousand times.
     assert steps[1] < 5 * steps[0], steps
+
+
+def test_a_change_is_read_back_a_few_times_not_for_as_long_as_a_margin(
+    tmp_path: Path,
+) -> None:
+    """One call waits on an execution nobody touches while the database finishes others
+    fast: each change comes back in a few of the reader's reads (those within LAG of it, and
+    a sweep), not in every read for as long as it stays within MARGIN (~250 times each,
+    the reader holding the store's connection a quarter of the time)."""
+    store = SqliteStore(tmp_path / "w.db", synchronous="OFF")
+    rows = [0]
+    read = store._awaited_changes
+
+    def counted(*args: Any) -> Any:
+        now, changed = read(*args)
+        rows[0] += len(changed)
+        return now, changed
+
+    store._awaited_changes = counted  # type: ignore[method-assign]
+    call = Call("nobody", FINAL)
+    store._awaits.add(call)
+    commits = 300
+    try:
+        time.sleep(0.3)  # its first read
+        for i in range(commits):
+            store.save(Execution(id=f"x{i}", definition_id="d", status="finished"))
+            time.sleep(0.002)
+        time.sleep(0.3)
+    finally:
+        store._awaits.remove(call)
+        store.close()
+    assert rows[0] <= 25 * commits, rows  # about 11 here; 250 before
+
+
+def test_a_commit_that_stalled_after_its_write_is_heard(tmp_path: Path) -> None:
+    """Another writer's transaction stalls 1.5 s between its write of the execution
+    (updated_at: the database's clock then) and its COMMIT, while the reader reads (a new
+    call): the commit's own signal finds it, not the safety read seconds later."""
+    import json
+    import sqlite3
+
+    path = tmp_path / "w.db"
+    store = SqliteStore(path)  # the stdlib's sqlite3, as the foreign writer's
+    for execution_id in ("x", "y"):
+        store.save(Execution(id=execution_id, definition_id="d"))
+    got: dict[str, float] = {}
+
+    def wait(execution_id: str) -> None:
+        with contextlib.suppress(StoreError):  # y's, when the store closes
+            store.wait_for(execution_id, status="finished", timeout=30)
+            got[execution_id] = time.monotonic()
+
+    waiting = threading.Thread(target=wait, args=("x",))
+    waiting.start()
+    time.sleep(0.3)  # its first read
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        data, version = writer.execute(
+            "SELECT data, version FROM harel_executions WHERE id = 'x'"
+        ).fetchone()
+        record = {**json.loads(data), "status": "finished", "version": version + 1}
+        writer.execute(
+            "UPDATE harel_executions SET data = ?, version = ?, status = 'finished', "
+            "updated_at = (julianday('now') - 2440587.5) * 86400.0 WHERE id = 'x'",
+            (json.dumps(record), version + 1),
+        )
+        time.sleep(1.2)
+        threading.Thread(target=wait, args=("y",), daemon=True).start()  # a read meanwhile
+        time.sleep(0.3)
+        writer.execute("COMMIT")
+        committed = time.monotonic()
+        waiting.join(30)
+    finally:
+        writer.close()
+        store.close()
+    assert got["x"] - committed < 0.9, got["x"] - committed  # the safety read: >= 1 s
 
 
 @pytest.mark.usefixtures("no_poll")
