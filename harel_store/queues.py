@@ -453,15 +453,25 @@ def _kinds(items: Items) -> list[str]:
     return [signal for signal, seqs in kinds if seqs] + ([wakeup.TIMER] if items.timers else [])
 
 
+def _moment(value: object) -> float | None:
+    """A written time as the store writes it (epoch seconds), else None: a foreign client's
+    text or BLOB there is an unknown time, not a row that fails the whole view."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def _pending_outbox(row: Sequence[Any]) -> PendingOutbox:
     seq, target, source, created, by, until, attempts, error, event = row
     decoded = stored(f"outbox entry {seq}", Event.model_validate_json, event)
+    created = _moment(created)
     return PendingOutbox(seq, target, source, created, by, until, attempts, error, decoded)
 
 
 def _pending_spawn(row: Sequence[Any]) -> PendingSpawn:
     seq, parent, child, root, created, by, until, attempts, error, context = row
     decoded = stored(f"spawn {seq}", loads_dict, context)
+    created = _moment(created)
     return PendingSpawn(seq, parent, child, root, created, by, until, attempts, error, decoded)
 
 

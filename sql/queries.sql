@@ -1167,14 +1167,14 @@ SELECT seq, target_id, event FROM harel_outbox WHERE target_id = ? AND seq > 0 O
 -- undelivered entries.
 
 -- name: outbox_view
--- row: seq int, target_id text?, source_id text?, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, event text
+-- row: seq int, target_id text?, source_id text?, created_at any?, claimed_by text?, claimed_until real?, attempts int, last_error text?, event text
 -- ?1: a source_id (NULL: any), ?2 rows.
 SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, attempts, last_error,
        event
 FROM harel_outbox WHERE seq > 0 AND (?1 IS NULL OR source_id = ?1) ORDER BY seq LIMIT ?2;
 
 -- name: outbox_view_target
--- row: seq int, target_id text?, source_id text?, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, event text
+-- row: seq int, target_id text?, source_id text?, created_at any?, claimed_by text?, claimed_until real?, attempts int, last_error text?, event text
 -- ?1: the target_id, ?2: a source_id (NULL: any), ?3 rows.
 SELECT seq, target_id, source_id, created_at, claimed_by, claimed_until, attempts, last_error,
        event
@@ -1182,13 +1182,13 @@ FROM harel_outbox WHERE target_id = ?1 AND seq > 0 AND (?2 IS NULL OR source_id 
 ORDER BY seq LIMIT ?3;
 
 -- name: spawns_view
--- row: seq int, parent_id text, child_id text, root_path text, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, context text
+-- row: seq int, parent_id text, child_id text, root_path text, created_at any?, claimed_by text?, claimed_until real?, attempts int, last_error text?, context text
 SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, attempts,
        last_error, context
 FROM harel_spawns WHERE seq > 0 ORDER BY seq LIMIT ?;
 
 -- name: spawns_view_parent
--- row: seq int, parent_id text, child_id text, root_path text, created_at real?, claimed_by text?, claimed_until real?, attempts int, last_error text?, context text
+-- row: seq int, parent_id text, child_id text, root_path text, created_at any?, claimed_by text?, claimed_until real?, attempts int, last_error text?, context text
 SELECT seq, parent_id, child_id, root_path, created_at, claimed_by, claimed_until, attempts,
        last_error, context
 FROM harel_spawns WHERE parent_id = ? AND seq > 0 ORDER BY seq LIMIT ?;

@@ -167,6 +167,11 @@ def test_a_foreign_value_in_a_claims_written_time_or_trace_context_blocks_no_que
         timers = store.claim_due_timers("w1", 10.0, limit=10, max_attempts=2)
     assert [e.seq for e in outbox] == [s.seq for s in spawns] == [1, 2, 3]
     assert [t.execution_id for t in timers] == ["e0", "e1", "e2"]
+    # The operator's views list them too, the foreign time as unknown.
+    outbox_view, spawns_view = store.outbox_view(limit=10), store.spawns_view(limit=10)
+    assert [e.seq for e in outbox_view] == [s.seq for s in spawns_view] == [1, 2, 3]
+    assert outbox_view[1].created_at is None and spawns_view[1].created_at is None
+    assert isinstance(outbox_view[0].created_at, float)
     assert [e._traceparent for e in outbox] == [s._traceparent for s in spawns] == [None] * 3
     assert [t._traceparent for t in timers] == [None] * 3
     for claimed in (outbox, spawns):
