@@ -6,12 +6,15 @@ callback shows the transactions; the outcomes are checked on both drivers."""
 from __future__ import annotations
 
 import asyncio
+import dis
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -21,16 +24,19 @@ from harel_store import (
     Event,
     Execution,
     LibsqlStore,
+    OutcomeUnknown,
     SqliteStore,
     StoreConflict,
     StoreError,
 )
+from harel_store.connection import local as local_module
 from harel_store.connection.local import LocalConnection
 from harel_store.store import Store
 from tests.helpers import refused_batch, wait_until
 from tests.test_local import LOCKER
 
 DRIVERS: dict[str, type[Store]] = {"libsql": LibsqlStore, "sqlite": SqliteStore}
+LOCAL = local_module.__file__
 
 
 def local(store: Store) -> LocalConnection:
@@ -312,4 +318,273 @@ def test_an_interrupt_before_the_commit_leaves_the_others_to_a_new_leader(
             stored = store.load(exe.id)
             assert stored is not None and stored.version == exe.version == 1, exe.id
     assert not local(store)._queue
+    store.close()
+
+
+def traced(thread: Callable[[], None], tracer: Any) -> Callable[[], None]:
+    """``thread`` run with ``tracer`` as this thread's trace function (sys.settrace)."""
+
+    def run() -> None:
+        sys.settrace(tracer)
+        try:
+            thread()
+        finally:
+            sys.settrace(None)
+
+    return run
+
+
+def in_local(frame: FrameType) -> bool:
+    return frame.f_code.co_filename == LOCAL
+
+
+def test_an_interrupt_as_a_writer_gets_the_connection_leaves_it_free(tmp_path: Path) -> None:
+    """The interrupt lands at the first instruction a waiting writer runs once it holds the
+    connection's lock: the lock is released (another thread's write goes through) and the
+    interrupted write is withdrawn, not written."""
+    store = SqliteStore(tmp_path / "group.db")
+    conn = local(store)
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(2)]
+    outcomes: list[Any] = [None, None]
+    fired: list[str] = []
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if not in_local(frame) or fired:
+            return None
+        frame.f_trace_opcodes = True
+
+        def opcode(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "opcode" and not fired and conn._lock._is_owned():  # type: ignore[attr-defined]
+                fired.append(frame.f_code.co_name)
+                raise KeyboardInterrupt
+            return opcode
+
+        return opcode
+
+    def write(i: int) -> None:
+        try:
+            outcomes[i] = store.commit(exes[i], emit(exes[i], 1))
+        except BaseException as exc:
+            outcomes[i] = exc
+
+    first = threading.Thread(target=traced(lambda: write(0), tracer), daemon=True)
+    with conn._lock:  # a write under way: the first waits for the connection
+        first.start()
+        wait_until(lambda: len(conn._queue) == 1, "the first write waits")
+    first.join(timeout=10)
+    assert fired and isinstance(outcomes[0], KeyboardInterrupt), (fired, outcomes)
+    second = threading.Thread(target=write, args=(1,), daemon=True)
+    second.start()
+    second.join(timeout=10)
+    assert not second.is_alive(), f"another write hangs: the lock is held ({fired})"
+    assert isinstance(outcomes[1], list), outcomes
+    assert store.load(exes[0].id) is None and exes[0].version == 0  # withdrawn
+    assert not conn._queue
+    store.close()
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="SIGINT: the main thread"
+)
+def test_a_writer_interrupted_while_it_waits_as_a_leader_takes_its_group(tmp_path: Path) -> None:
+    """This (main) thread's write waits in the queue with another; SIGINT interrupts its wait
+    while the leader is taking its group from the queue (paused there by a trace hook). The
+    interrupt is this thread's alone: the leader and the other writer get their results, and
+    the interrupted write is not written."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    store = SqliteStore(tmp_path / "group.db")
+    conn = local(store)
+    main = threading.main_thread().ident
+    assert main is not None
+    exes = {name: Execution(id=name, definition_id="d") for name in ("lead", "other", "main")}
+    outcomes: dict[str, Any] = {}
+    held = threading.Event()
+
+    def write(name: str) -> None:
+        try:
+            outcomes[name] = store.commit(exes[name], emit(exes[name], 1))
+        except BaseException as exc:
+            outcomes[name] = exc
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        # The leader starts taking its group (the first comprehension it runs in local.py).
+        if in_local(frame) and frame.f_code.co_name in ("<listcomp>", "<genexpr>"):
+            sys.settrace(None)
+            signal.pthread_kill(main, signal.SIGINT)
+            wait_until(lambda: "main" in outcomes, "the main thread's wait is interrupted")
+        return None
+
+    def leader() -> None:
+        with conn._lock:  # the connection held: the others wait
+            held.set()
+            wait_until(lambda: len(conn._queue) == 2, "the other write and the main one wait")
+            traced(lambda: write("lead"), tracer)()
+
+    lead = threading.Thread(target=leader, daemon=True)
+    other = threading.Thread(target=write, args=("other",), daemon=True)
+    try:
+        lead.start()
+        held.wait()
+        other.start()
+        wait_until(lambda: len(conn._queue) == 1, "the other write waits")
+        write("main")
+        lead.join(timeout=10)
+        other.join(timeout=10)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not lead.is_alive() and not other.is_alive(), f"a writer hangs: {outcomes}"
+    assert isinstance(outcomes["main"], KeyboardInterrupt), outcomes
+    assert isinstance(outcomes["lead"], list) and isinstance(outcomes["other"], list), outcomes
+    assert store.load("main") is None and exes["main"].version == 0
+    assert not conn._queue
+    store.close()
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_an_interrupt_once_the_groups_transaction_returned_is_the_leaders_alone(
+    driver: str, tmp_path: Path
+) -> None:
+    """The leader of a group of four is interrupted at the first line it runs once its
+    transaction returned, before it told the others their outcomes: they still get them
+    (each its own result, their writes landed once), none hangs."""
+    store = DRIVERS[driver](tmp_path / "group.db")
+    conn = local(store)
+    exes = [Execution(id=f"exe-{i}", definition_id="d") for i in range(4)]
+    outcomes: list[Any] = [None] * 4
+    fired: list[int] = []
+    returned: list[FrameType] = []  # the leader's frame, once its transaction returned
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if not in_local(frame) or fired:
+            return None
+
+        def local_trace(frame: FrameType, event: str, arg: Any) -> Any:
+            if fired:
+                return None
+            if event == "return" and frame.f_code.co_name == "_retried":
+                caller = frame.f_back
+                if caller is not None and caller.f_code.co_name in ("_lead", "_write_group"):
+                    returned.append(caller)
+            elif event == "line" and returned and frame is returned[0]:
+                fired.append(exes.index(current[threading.get_ident()]))
+                raise KeyboardInterrupt
+            return local_trace
+
+        return local_trace
+
+    current: dict[int, Execution] = {}
+
+    def write(i: int) -> None:
+        current[threading.get_ident()] = exes[i]
+        try:
+            outcomes[i] = store.commit(exes[i], emit(exes[i], 1))
+        except BaseException as exc:
+            outcomes[i] = exc
+
+    threads = [
+        threading.Thread(target=traced(lambda i=i: write(i), tracer), daemon=True) for i in range(4)
+    ]
+    with conn._lock:  # a write under way: the four wait, and go as one group
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(conn._queue) == 4, "every write waits")
+    for t in threads:
+        t.join(timeout=10)
+    assert not [t for t in threads if t.is_alive()], f"writers hang: {outcomes}"
+    assert len(fired) == 1, fired
+    lead = fired[0]
+    assert isinstance(outcomes[lead], KeyboardInterrupt), outcomes
+    for i, exe in enumerate(exes):
+        stored = store.load(exe.id)
+        assert stored is not None and stored.version == 1, exe.id  # all four landed, once
+        if i != lead:
+            assert isinstance(outcomes[i], list) and exe.version == 1, outcomes
+    assert not conn._queue
+    store.close()
+
+
+# The instructions after which CPython runs a pending signal's handler (its "eval breaker":
+# a call returned, a loop's jump back; and a function's start), 3.10 to 3.13.
+CHECKS_SIGNALS = frozenset(
+    ("CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD", "CALL_KW")
+) | {"JUMP_BACKWARD", "JUMP_ABSOLUTE"}
+
+
+def interrupted_at(store: Store, n: int) -> bool:
+    """Three writes wait, then go as one group; KeyboardInterrupt lands at the n-th instant
+    where a signal's handler may run (`CHECKS_SIGNALS`) in local.py in whichever thread
+    holds the connection. Checks what each writer was told; False when the writes ended
+    before that instant."""
+    conn = local(store)
+    exes = [Execution(id=f"exe-{n}-{i}", definition_id="d") for i in range(3)]
+    outcomes: list[Any] = [None] * 3
+    fired: list[int] = []
+    count = [0]
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if not in_local(frame):
+            return None
+        frame.f_trace_opcodes = True
+        last: list[str] = []  # the instruction this frame ran last
+
+        def opcode(frame: FrameType, event: str, arg: Any) -> Any:
+            if event != "opcode":
+                return opcode
+            due = not last or last[0] in CHECKS_SIGNALS
+            last[:] = [dis.opname[frame.f_code.co_code[frame.f_lasti]]]
+            if due and not fired and conn._lock._is_owned():  # type: ignore[attr-defined]
+                count[0] += 1
+                if count[0] == n:
+                    fired.append(threading.get_ident())
+                    raise KeyboardInterrupt
+            return opcode
+
+        return opcode
+
+    def write(i: int) -> None:
+        try:
+            outcomes[i] = store.commit(exes[i], emit(exes[i], 1))
+        except BaseException as exc:
+            outcomes[i] = exc
+
+    threads = [
+        threading.Thread(target=traced(lambda i=i: write(i), tracer), daemon=True) for i in range(3)
+    ]
+    with conn._lock:
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(conn._queue) == 3, "every write waits")
+    for t in threads:
+        t.join(timeout=10)
+    assert not [t for t in threads if t.is_alive()], f"instant {n}: {outcomes}"
+    assert conn._lock.acquire(timeout=5), f"instant {n}: the lock is held"
+    conn._lock.release()
+    if not fired:
+        return False
+    interrupted = [
+        t.ident for t, o in zip(threads, outcomes, strict=True) if type(o) is KeyboardInterrupt
+    ]
+    assert interrupted == fired, f"instant {n}: {outcomes}"
+    for exe, outcome in zip(exes, outcomes, strict=True):
+        stored = store.load(exe.id)
+        if isinstance(outcome, list):
+            assert stored is not None and stored.version == exe.version == 1, (n, outcomes)
+        elif not isinstance(outcome, KeyboardInterrupt):
+            assert isinstance(outcome, OutcomeUnknown), (n, outcomes)
+    assert all(m.outcome is not None or m.withdrawn for m in conn._queue), n
+    return True
+
+
+@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
+def test_an_interrupt_at_any_instant_of_the_connections_holder_is_its_own(
+    driver: str, tmp_path: Path
+) -> None:
+    """`interrupted_at` every instant, until the writes end before it: each time the lock
+    ends free, no writer hangs, only the interrupted thread sees the interrupt, and each
+    other one is told its result (its write landed, once) or OutcomeUnknown."""
+    store = DRIVERS[driver](tmp_path / "group.db", synchronous="OFF")  # type: ignore[call-arg]
+    n = 1
+    while interrupted_at(store, n):
+        n += 1
+    assert n > 50  # the writes ran that many
     store.close()

@@ -23,6 +23,7 @@ import sqlite3
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
@@ -82,11 +83,12 @@ class _Member:
     """A batch waiting for its group commit, and its outcome once written: its result or
     its error."""
 
-    __slots__ = ("batch", "future", "outcome")
+    __slots__ = ("batch", "future", "outcome", "withdrawn")
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
         self.outcome: tuple[Any, BaseException | None] | None = None
+        self.withdrawn = False  # its caller no longer waits for it: no group takes it
         self.future: asyncio.Future[None] | None = None  # an async caller's, when it waits
 
     def result(self) -> Any:
@@ -108,7 +110,7 @@ class _LoopWrites:
         self.waiting: collections.deque[_Member] = collections.deque()
 
 
-# What an interrupted group wrote, when it is not its result (`LocalConnection._transaction`).
+# What a group wrote, when it is not its result (`LocalConnection._transaction`).
 _NOT_WRITTEN, _UNKNOWN = object(), object()
 
 
@@ -146,6 +148,7 @@ class LocalConnection:
         )
         self._closed = False
         self._landed: Any = _NOT_WRITTEN  # what the last transaction wrote (`_transaction`)
+        self._writing: list[_Member] = []  # the group it wrote, until told (`_settle`)
 
     def execute(self, request: Request) -> Any:
         if isinstance(request, Batch):
@@ -202,91 +205,96 @@ class LocalConnection:
 
     def _write(self, batch: Batch) -> Any:
         member = _Member(batch)
-        queue = self._queue
-        queue.append(member)
-        self._acquire([member])
-        try:
-            if member.outcome is None:
-                if len(queue) == 1:  # alone: written as it comes, at no added cost
-                    queue.popleft()
-                    return self._retried(self._batch, batch)
-                self._lead([member])
-        finally:
-            self._lock.release()
+        self._written([member])
         return member.result()
 
     def _written(self, members: list[_Member]) -> None:
         """Write ``members`` (in groups with whatever else waits); each has its outcome when
-        this returns."""
-        self._queue.extend(members)
-        self._acquire(members)
+        this returns. An interrupt of this thread (KeyboardInterrupt, SystemExit) while they
+        wait or are written is its own: those not written yet are withdrawn, so that no later
+        group writes what its caller was never told of."""
         try:
-            self._lead(members)
-        finally:
-            self._lock.release()
-
-    def _acquire(self, mine: list[_Member]) -> None:
-        """Take the connection for ``mine``, queued: a caller interrupted while it waits
-        takes its batches back, so that no later group writes what it was told failed."""
-        try:
-            self._lock.acquire()
+            self._queue.extend(members)
+            with self._lock:
+                self._lead(members)
         except BaseException:
-            self._withdraw(mine)
+            self._withdraw(members)  # interrupted while it waited for the connection
             raise
 
-    def _withdraw(self, mine: list[_Member]) -> None:
-        for member in mine:
-            with suppress(ValueError):  # already taken by a leader: its outcome will tell
-                self._queue.remove(member)
+    @staticmethod
+    def _withdraw(members: list[_Member]) -> None:
+        """No group takes ``members`` from now on (a leader that took one already tells it
+        its outcome; its caller, interrupted, no longer reads it)."""
+        for member in members:
+            member.withdrawn = True
 
     def _lead(self, mine: list[_Member]) -> None:
         """Group commit, the connection held: batches that arrive while another transaction
         is being written wait in the queue; whichever waiting thread gets the connection
         next writes the queue's batches (up to GROUP_MAX) in one transaction, one fsync for
-        all (`_group`), until the last of ``mine`` is written (a thread ahead of it may have
-        done so). An interrupt of this thread (KeyboardInterrupt, SystemExit) is its own:
-        the other members get what happened to them (`_interrupted`)."""
-        last = mine[-1]
-        while last.outcome is None:
-            group = [self._queue.popleft() for _ in range(min(len(self._queue), GROUP_MAX))]
-            outcomes: list[tuple[Any, BaseException | None]]
-            self._landed = _NOT_WRITTEN
-            try:
-                if len(group) == 1:
-                    outcomes = [(self._retried(self._batch, group[0].batch), None)]
-                else:
-                    outcomes = self._retried(self._group, group)
-            except BaseException as exc:
-                if not isinstance(exc, Exception):  # an interrupt: raised in this thread only
-                    self._interrupted(group, mine)
-                    raise
-                # The store's error: nothing of the group was written (its COMMIT failed).
-                outcomes = [(None, exc if m is last else _copy(exc)) for m in group]
-            for m, outcome in zip(group, outcomes, strict=True):
-                m.outcome = outcome
+        all (`_group`), until the last of ``mine`` has its outcome (a thread ahead of it may
+        have written it). An interrupt of this thread is its own: the others of its group
+        are told what the transaction did (`_settle`), or wait for the next leader when
+        nothing was written; ``mine`` not written yet are withdrawn."""
+        try:
+            self._settle()  # the group of a leader that an interrupt stopped half-way
+            while mine[-1].outcome is None:
+                self._write_group()
+        except BaseException:  # an interrupt (the store's errors are outcomes)
+            self._withdraw(mine)  # under the lock: no later group takes them
+            raise
 
-    def _interrupted(self, group: list[_Member], mine: list[_Member]) -> None:
-        """This thread, the leader of ``group``, was interrupted: the others of the group
-        get their real outcome, as `_transaction` left it in ``_landed``. Its COMMIT ran:
-        each its own result; it did not: back at the head of the queue, for the next
-        leader; it cannot be told: OutcomeUnknown. The leader's own batches still waiting
-        are withdrawn (`_acquire`)."""
-        landed, self._landed = self._landed, _NOT_WRITTEN
-        if landed is _NOT_WRITTEN:
-            self._queue.extendleft(reversed([m for m in group if m not in mine]))
-        else:
-            outcomes: list[tuple[Any, BaseException | None]]
-            if landed is _UNKNOWN:
-                unknown = OutcomeUnknown(
-                    f"the write to {self.where} was interrupted in another thread; it may or "
-                    "may not have landed: reload to learn which"
-                )
-                outcomes = [(None, _copy(unknown)) for _ in group]
+    def _write_group(self) -> None:
+        """Write the next group, the batches waiting at the head of the queue (up to
+        GROUP_MAX): each has its outcome when this returns. A batch leaves the queue only
+        once it has its outcome (or its caller withdrew it), so that an interrupt anywhere
+        leaves none both out of the queue and unanswered."""
+        queue = self._queue
+        # Only the holder of the connection takes from the queue's head (others append), so
+        # these indexes stay valid.
+        waiting = (queue[i] for i in range(min(len(queue), GROUP_MAX)))
+        group = [m for m in waiting if m.outcome is None and not m.withdrawn]
+        if not group:  # never: the caller's batch waits there (no empty transaction, ever)
+            raise RuntimeError("a group commit found no batch waiting")
+        self._landed = _NOT_WRITTEN  # first: ``_writing`` is never told another's result
+        self._writing = group
+        try:
+            if len(group) == 1:
+                self._retried(self._batch, group[0].batch)
             else:
-                outcomes = [(landed, None)] if len(group) == 1 else landed
-            for m, outcome in zip(group, outcomes, strict=True):
-                m.outcome = outcome
-        self._withdraw(mine)
+                self._retried(self._group, group)
+        except Exception as exc:  # the store's error: nothing of the group was written
+            for i, member in enumerate(group):
+                member.outcome = (None, exc if i == 0 else _copy(exc))
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Tell the members of the group last written (``_writing``) what its transaction
+        did, as `_transaction` left it in ``_landed``: its COMMIT ran, each its result; the
+        connection cannot say, OutcomeUnknown; nothing was written, nothing (they wait for the
+        next group, but those given the store's error). Then the batches at the head of the
+        queue that have their outcome leave it. Its leader does this when the transaction
+        ends; an interrupt may stop it half-way, and then the next holder of the connection
+        does it again, before it takes a group (done twice, it tells the same)."""
+        group, landed = self._writing, self._landed
+        if landed is _UNKNOWN:
+            unknown = OutcomeUnknown(
+                f"the write to {self.where} was interrupted in another thread; it may or "
+                "may not have landed: reload to learn which"
+            )
+            for member in group:
+                member.outcome = (None, _copy(unknown))
+        elif landed is not _NOT_WRITTEN:
+            outcomes: list[tuple[Any, BaseException | None]]
+            outcomes = [(landed, None)] if len(group) == 1 else landed
+            for member, outcome in zip(group, outcomes, strict=True):
+                member.outcome = outcome
+        self._landed = _NOT_WRITTEN  # first: with ``_writing`` still there, it tells nothing
+        self._writing = []
+        queue = self._queue
+        while queue and (queue[0].outcome is not None or queue[0].withdrawn):
+            queue.popleft()
 
     async def aexecute(self, request: Request) -> Any:
         """Async version of `execute`, in a worker thread. The batches that an event loop's
@@ -374,8 +382,8 @@ class LocalConnection:
 
     def _transaction(self, write: Callable[[T], R], arg: T) -> R:
         """``write(arg)`` between BEGIN IMMEDIATE and COMMIT; rolled back if anything fails.
-        It leaves in ``_landed`` what it wrote, for `_lead` to tell the others after an
-        interrupt (not the driver's error) wherever it came: the result if the COMMIT ran,
+        It leaves in ``_landed`` what it wrote, for `_settle` to tell the group, after an
+        interrupt (not the driver's error) too, wherever it came: the result if the COMMIT ran,
         `_NOT_WRITTEN`, or `_UNKNOWN` when the connection cannot say."""
         result: Any = _NOT_WRITTEN
         self._landed = _NOT_WRITTEN
@@ -389,6 +397,11 @@ class LocalConnection:
         except BaseException as exc:
             if not is_driver_error(exc):
                 self._landed = _NOT_WRITTEN if result is _NOT_WRITTEN else self._committed(result)
+            if not isinstance(exc, Exception):
+                # An interrupt between a statement's execute and its fetch: its cursor, still
+                # running it, lives in the traceback's frames; freed, the statement ends
+                # (SQLite opens no savepoint while a write statement runs).
+                traceback.clear_frames(exc.__traceback__)
             with suppress(Exception):  # rolled back already, or the connection is gone
                 self.db.rollback()
             raise
