@@ -3,17 +3,19 @@
 A call first reads its execution itself; if it is not there yet, it registers here and
 waits. A reader thread, running while any call waits (and a moment after), waits for the
 database's signals (`harel_store.wakeup`: this process's commits, other processes' through
-the database's watch) and then reads what may have changed: the executions written since
-its last read (a little before, `LAG`: a commit's clock is read when it writes, a moment
-before others see it) at a status some call waits for, one range of an index a status, and
-the record of those a call waits for; a new call's execution is read once, by id. So a
-change costs reads in proportion to what changed, however many calls wait. `SWEEP` seconds
-after such a read, one read looks further back (`MARGIN`), for a commit whose transaction
-went on for a while after it wrote the execution. With no signal it reads every waited
-execution, a safety net paced like a relay's poll: `POLL` seconds after its last read,
-doubling up to `POLL_LONGEST` while the database's watch is live (a missed notification is
-rare then), `POLL` while it is not. (That read also finds a commit that ended more than
-`MARGIN` after it wrote, or one made while the database's clock stepped back by more.)
+the database's watch) and then reads. While few executions are waited for (`BY_ID`), it
+reads each of them by id (a primary-key lookup each, in one statement). Beyond, it reads
+what may have changed: the executions written since its last read (a little before, `LAG`:
+a commit's clock is read when it writes, a moment before others see it) at a status some
+call waits for, one range of an index a status, and the record of those a call waits for;
+a new call's execution is read once, by id. So a change costs reads in proportion to what
+changed, however many calls wait. `SWEEP` seconds after such a read, one read looks further
+back (`MARGIN`), for a commit whose transaction went on for a while after it wrote the
+execution. With no signal it reads every waited execution, a safety net paced like a
+relay's poll: `POLL` seconds after its last read, doubling up to `POLL_LONGEST` while the
+database's watch is live (a missed notification is rare then), `POLL` while it is not.
+(That read also finds a commit that ended more than `MARGIN` after it wrote, or one made
+while the database's clock stepped back by more.)
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ from harel_store.wakeup import EXECUTION, PACE, Waiter
 POLL = 1.0
 POLL_LONGEST = 5.0
 LINGER = 2.0
-LAG = 0.02
+LAG = 0.05
 MARGIN = 2.0
-SWEEP = 0.5
+SWEEP = 0.25
+# Up to this many executions waited for, every read reads each by id (a primary-key lookup
+# each): cheaper than what changed on a busy database, and no commit is ever missed.
+BY_ID = 64
 _NEW = "new call"  # a signal of the reader's own: read now
 _NEVER = 1e300  # a time no execution was written at (finite: a server's JSON has no inf)
 
@@ -196,12 +201,18 @@ class Awaits:
 
     def _read(self, since: float | None) -> _Read:
         """What reached a wanted status, read as the module says: every waited execution
-        when ``since`` is None (the first read, a poll), else what changed since ``since``
-        (the database's clock) and the calls come since the last read; and that clock
-        before the read."""
+        when ``since`` is None (the first read, a poll) or when few are waited for, else
+        what changed since ``since`` (the database's clock) and the calls come since the last
+        read; and that clock before the read (None when read by id)."""
         store = self._source()
         with self._lock:
             statuses = frozenset(self._statuses)
+            few = len(self._calls) <= BY_ID  # each by id: cheaper than what changed
+            if few:
+                self._new = set()
+                look = self._wanted(self._calls)
+        if few:
+            return None, store._awaited(look) if look else {}
         now, changed = store._awaited_changes(statuses, _NEVER if since is None else since)
         with self._lock:
             new, self._new = self._new, set()
@@ -282,7 +293,7 @@ class Awaits:
             read_at = time.monotonic()
             narrow = clock is not None and back < MARGIN
             try:
-                now, found = self._read(None if clock is None else clock - back)
+                read_clock, found = self._read(None if clock is None else clock - back)
             except Exception as exc:  # the waits end with it; the reader goes on for others
                 error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
                 if error is not exc:
@@ -294,7 +305,7 @@ class Awaits:
                 sweep_at = read_at + SWEEP
             elif not narrow:
                 sweep_at = None  # this read looked back far enough
-            clock, back = now, LAG
+            clock, back = read_clock, LAG
             self._resolve(found)
 
     def _resolve(self, found: dict[str, Execution]) -> None:
@@ -319,7 +330,7 @@ class Awaits:
             call.resolve(None, error)
 
 
-_Read = tuple[float, dict[str, Execution]]
+_Read = tuple[float | None, dict[str, Execution]]
 
 
 def _forked() -> None:
