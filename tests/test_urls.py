@@ -533,6 +533,7 @@ def test_the_cli_says_what_to_write_for_a_plain_http_server(
         "libsql://host\\@SECRET",
         "https://host/?x=1&authToken=SEC@RET",
         "libsql://user:SECRET@host",
+        "libsql://my-db.turso.io&authToken=SEC@RET.x",  # a & typed for the ?
     ],
 )
 def test_no_piece_of_a_secret_is_shown_as_a_host(url: str) -> None:

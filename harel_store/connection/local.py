@@ -204,6 +204,12 @@ class LocalConnection:
         return error
 
     def _write(self, batch: Batch) -> Any:
+        with self._lock:
+            if not self._queue and not self._writing:  # alone: written as it is, no group
+                try:
+                    return self._retried(self._batch, batch)
+                finally:
+                    self._landed = _NOT_WRITTEN  # nobody else to tell what it wrote
         member = _Member(batch)
         self._written([member])
         return member.result()
@@ -278,7 +284,9 @@ class LocalConnection:
         ends; an interrupt may stop it half-way, and then the next holder of the connection
         does it again, before it takes a group (done twice, it tells the same)."""
         group, landed = self._writing, self._landed
-        if landed is _UNKNOWN:
+        if not group:  # a lone write's: nobody to tell
+            pass
+        elif landed is _UNKNOWN:
             unknown = OutcomeUnknown(
                 f"the write to {self.where} was interrupted in another thread; it may or "
                 "may not have landed: reload to learn which"

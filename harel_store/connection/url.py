@@ -252,7 +252,7 @@ def show(database: str | os.PathLike[str]) -> str:
     if "@" in rest and not rest.startswith("/"):  # a host's URL, not a file's (:///path)
         # A user part, whose password may hold /, ? or #: nothing before the @ is shown.
         before, _, after = rest.rpartition("@")
-        if any(mark in before for mark in "#?\\"):
+        if any(mark in before for mark in "#?\\") or _TOKEN.search(before):
             # The @ may as well be inside a token or a fragment: then what follows it is
             # no host but a piece of the secret. Show neither side.
             return f"{scheme}://..."
