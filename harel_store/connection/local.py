@@ -204,12 +204,6 @@ class LocalConnection:
         return error
 
     def _write(self, batch: Batch) -> Any:
-        with self._lock:
-            if not self._queue and not self._writing:  # alone: written as it is, no group
-                try:
-                    return self._retried(self._batch, batch)
-                finally:
-                    self._landed = _NOT_WRITTEN  # nobody else to tell what it wrote
         member = _Member(batch)
         self._written([member])
         return member.result()
@@ -222,10 +216,24 @@ class LocalConnection:
         try:
             self._queue.extend(members)
             with self._lock:
-                self._lead(members)
+                queue = self._queue
+                if len(queue) == 1 and queue[0] is members[0] and not self._writing:
+                    self._write_alone(members[0])  # the common case: no group to form
+                else:
+                    self._lead(members)
         except BaseException:
             self._withdraw(members)  # interrupted while it waited for the connection
             raise
+
+    def _write_alone(self, member: _Member) -> None:
+        """Write ``member``, the only batch waiting, as it is (the connection held)."""
+        try:
+            member.outcome = (self._retried(self._batch, member.batch), None)
+        except Exception as exc:  # the store's error: nothing was written
+            member.outcome = (None, exc)
+        finally:
+            self._landed = _NOT_WRITTEN  # nobody else to tell what it wrote
+            self._queue.popleft()
 
     @staticmethod
     def _withdraw(members: list[_Member]) -> None:
