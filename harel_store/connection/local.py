@@ -216,9 +216,12 @@ class LocalConnection:
         try:
             self._queue.extend(members)
             with self._lock:
-                queue = self._queue
-                if len(queue) == 1 and queue[0] is members[0] and not self._writing:
-                    self._write_alone(members[0])  # the common case: no group to form
+                queue, first = self._queue, members[0]
+                # Alone, and not written by a leader interrupted before it told the queue:
+                # written as it is (the common case), else with the group machinery.
+                alone = len(queue) == 1 and queue[0] is first and first.outcome is None
+                if alone and not self._writing:
+                    self._write_alone(first)
                 else:
                     self._lead(members)
         except BaseException:
