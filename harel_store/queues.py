@@ -397,11 +397,9 @@ def _carried(database: str, items: list[Any]) -> list[Any]:
     kept only when they are what the store writes: anything else is none (logged)."""
     for item in items:
         written = item._written_at
-        if written is not None and not (type(written) in (int, float) and math.isfinite(written)):
+        item._written_at = _moment(written)
+        if written is not None and item._written_at is None:
             _foreign(database, item, "created_at", written)
-            item._written_at = None
-        elif written is not None:
-            item._written_at = float(written)
         context = item._traceparent
         if context is not None and type(context) is not str:
             _foreign(database, item, "traceparent", context)
