@@ -4,9 +4,7 @@ prometheus-client's own parser, on a file and on sqld; served at /metrics with -
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +18,8 @@ import tomllib
 from prometheus_client.parser import text_string_to_metric_families
 
 from harel_store import Event, Execution, LibsqlStore, TimerOp
-from tests.test_cli import CLI, cli, failed, ok
+from tests.test_cli import cli, failed, ok
+from tests.test_metrics_listen import listening
 
 DAY = 86400.0
 
@@ -116,19 +115,7 @@ def scrape(url: str) -> str:
 def test_listen_serves_each_scrape_anew_and_stops_on_sigterm(tmp_path: Path) -> None:
     db = str(tmp_path / "m.db")
     setup(db)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
-    proc = subprocess.Popen(
-        [str(CLI), "metrics", "--url", db, "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("harel-store: serving the gauges of "), line
-        url = line.split(" at ")[1].strip()
+    with listening(db) as (_, url):  # SIGTERM at the end: exit 0, no traceback
         assert url.endswith("/metrics")
         check(gauges(scrape(url)))
         with LibsqlStore(db) as s:  # another writer moves on: the next scrape sees it
@@ -138,13 +125,6 @@ def test_listen_serves_each_scrape_anew_and_stops_on_sigterm(tmp_path: Path) -> 
             urllib.request.urlopen(url.removesuffix("metrics"), timeout=10)
         assert missing.value.code == 404
         missing.value.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _, err = proc.communicate()
-    assert "Traceback" not in err, err
 
 
 def test_without_prometheus_client_it_says_what_to_install(tmp_path: Path) -> None:
