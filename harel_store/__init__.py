@@ -21,6 +21,7 @@ from harel_store.models import (
     Execution,
     ExecutionPage,
     ExecutionSummary,
+    Flow,
     OutboxEntry,
     PendingOutbox,
     PendingSpawn,
@@ -28,6 +29,7 @@ from harel_store.models import (
     TimerOp,
     TraceStep,
     WorkAhead,
+    WorkerHold,
 )
 from harel_store.relay import AsyncRelay, Relay
 from harel_store.sql import HEAD
@@ -51,6 +53,7 @@ __all__ = [
     "ExecutionPage",
     "ExecutionSummary",
     "Fleet",
+    "Flow",
     "LibsqlStore",
     "OutboxEntry",
     "OutcomeUnknown",
@@ -66,4 +69,5 @@ __all__ = [
     "TimerOp",
     "TraceStep",
     "WorkAhead",
+    "WorkerHold",
 ]

@@ -35,6 +35,7 @@ from harel_store.connection import HranaConnection, is_remote, open_libsql
 from harel_store.connection.local import LocalConnection, Synchronous
 from harel_store.connection.revision import ensure_schema
 from harel_store.executions import _wait_args
+from harel_store.flows import FlowKey, check_flow_function
 from harel_store.models import (
     Execution,
 )
@@ -76,9 +77,11 @@ class AsyncLibsqlStore:
         busy_timeout: float = 5.0,
         timeout: float = 30.0,
         migrate: bool | None = None,
+        flow_key: FlowKey | None = None,
     ) -> AsyncLibsqlStore:
         """Open the store as `LibsqlStore` would (a local file or a replica on a thread)."""
         check_trace_max(trace_max)
+        check_flow_function(flow_key)
         if sync_url is not None or not is_remote(database):
             store = await asyncio.to_thread(
                 LibsqlStore,
@@ -91,6 +94,7 @@ class AsyncLibsqlStore:
                 busy_timeout=busy_timeout,
                 timeout=timeout,
                 migrate=migrate,
+                flow_key=flow_key,
             )
             return cls(store)
         remote = open_libsql(  # no I/O yet: a remote connection sends on first use
@@ -106,7 +110,7 @@ class AsyncLibsqlStore:
         except BaseException:
             await remote.aclose()
             raise
-        return cls(Store(remote, trace_max=trace_max))
+        return cls(Store(remote, trace_max=trace_max, flow_key=flow_key))
 
     def __repr__(self) -> str:
         return f"AsyncLibsqlStore({self._s._conn.where!r})"
@@ -208,6 +212,13 @@ class AsyncLibsqlStore:
     spawns_view = awaitable(Store.spawns_view)
     timers_view = awaitable(Store.timers_view)
     purge_tree = awaitable(Store.purge_tree)
+    set_flow = awaitable(Store.set_flow)
+    pause_flow = awaitable(Store.pause_flow)
+    resume_flow = awaitable(Store.resume_flow)
+    clear_flow = awaitable(Store.clear_flow)
+    flows = awaitable(Store.flows)
+    release_worker = awaitable(Store.release_worker)
+    workers = awaitable(Store.workers)
 
     async def wait_for(
         self,

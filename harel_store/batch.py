@@ -36,9 +36,10 @@ class Batch:
     round trip. The result is one entry per step, shaped by its query's kind.
 
     A step added with ``only_if=(step, least)`` can change something only once the earlier
-    step's result reached ``least`` (the trace ring's trim, once the ring is full): a local
-    connection skips it otherwise (its result is then None); a remote batch cannot branch
-    on a value, so it always runs it, to no effect.
+    step's result reached ``least`` (the trace ring's trim, once the ring is full), and one
+    added with ``unless=(step, least)`` only while it has not (a claim's plain statement,
+    while no flow has settings): a local connection skips it otherwise (its result is then
+    None); a remote batch cannot branch on a value, so it always runs it, to no effect.
     """
 
     __slots__ = ("conflict", "guards", "only_if", "steps")
@@ -46,16 +47,33 @@ class Batch:
     def __init__(self) -> None:
         self.steps: list[Statement] = []
         self.guards: dict[int, int | None] = {}  # step -> the rows it must change (None: any)
-        self.only_if: dict[int, tuple[int, int]] = {}
+        # step -> (the earlier step, the least result it needs, whether that skips it instead)
+        self.only_if: dict[int, tuple[int, int, bool]] = {}
         self.conflict: Statement | None = None
 
-    def add(self, name: str, *params: Any, only_if: tuple[int, int] | None = None) -> int:
+    def add(
+        self,
+        name: str,
+        *params: Any,
+        only_if: tuple[int, int] | None = None,
+        unless: tuple[int, int] | None = None,
+    ) -> int:
         """Append a step; return its index in the batch's result."""
         query = QUERIES[name]
         self.steps.append((query, query.bind(params)))
         if only_if is not None:
-            self.only_if[len(self.steps) - 1] = only_if
+            self.only_if[len(self.steps) - 1] = (*only_if, False)
+        if unless is not None:
+            self.only_if[len(self.steps) - 1] = (*unless, True)
         return len(self.steps) - 1
+
+    def skips(self, index: int, results: Sequence[Any]) -> bool:
+        """Whether a local connection skips step ``index``, given the results so far."""
+        condition = self.only_if.get(index)
+        if condition is None:
+            return False
+        step, least, negate = condition
+        return (results[step] < least) != negate
 
     def guard(self, name: str, *params: Any, rows: int | None = None) -> int:
         """Append a step that must change a row, or exactly ``rows`` rows (see the class

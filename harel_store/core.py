@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
@@ -82,10 +82,16 @@ class StoreCore:
     """The store's connection and state, under every operation. Safe to share between threads."""
 
     def __init__(
-        self, connection: Connection, *, trace_max: int | None = DEFAULT_TRACE_MAX
+        self,
+        connection: Connection,
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        flow_key: Callable[[str], str] | None = None,
     ) -> None:
         self._conn = connection
         self._trace_max = check_trace_max(trace_max)
+        # The flow key of an item of an execution (harel_store.flows): None is its root key.
+        self._flow_key = flow_key
         # Execution id -> (version, status, parent_id) as last loaded or written here, the
         # oldest forgotten first. Only a hint: the CAS write checks what it leaves unwritten.
         self._stored: dict[str, tuple[int, str, str | None]] = {}

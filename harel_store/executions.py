@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from harel_store import queues, telemetry, wakeup
+from harel_store import flows, queues, telemetry, wakeup
 from harel_store.awaiting import Call, wait_message
 from harel_store.batch import Batch, Conflicted, Plan, fresh, statement
 from harel_store.checks import (
@@ -187,6 +187,11 @@ class Executions(StoreCore):
                     dumps(context, "spawn context"),
                 )
             )
+        # Each item's flow key, before anything is written (a flow_key function may raise).
+        keys = self._flow_key
+        outbox_keys = [flows.flow_of(keys, target) for target, _ in outbox]
+        spawn_keys = [flows.flow_of(keys, child) for child, _, _ in spawn_rows]
+        timer_key = flows.flow_of(keys, exe.id) if timer_ops else ""
         trace_json = None if trace is None else dumps(trace, "trace")
         consumed = queues.items_of(acks, "acks", self._conn.key) if acks else None
         traced = telemetry.traceparent() if outbox or spawn_rows or timer_ops else None
@@ -209,17 +214,17 @@ class Executions(StoreCore):
             if consumed is not None:
                 queues.add_each(batch, consumed, "ack")
             emitted = [
-                batch.add("insert_outbox", target, exe.id, event, traced)
-                for target, event in outbox
+                batch.add("insert_outbox", target, exe.id, event, traced, key)
+                for (target, event), key in zip(outbox, outbox_keys, strict=True)
             ]
             if processed_event_id is not None:
                 batch.add("mark_processed", exe.id, processed_event_id)
                 batch.add("note_marker", exe.id, processed_event_id)
-            for row in spawn_rows:
-                batch.add("insert_spawn", exe.id, *row, traced)
+            for row, key in zip(spawn_rows, spawn_keys, strict=True):
+                batch.add("insert_spawn", exe.id, *row, traced, key)
             for op in timer_ops:
                 if op.action == "schedule":
-                    batch.add("schedule_timer", exe.id, op.path, op.fire_at, traced)
+                    batch.add("schedule_timer", exe.id, op.path, op.fire_at, traced, timer_key)
                 else:
                     batch.add("cancel_timer", exe.id, op.path)
             if trace_json is not None:

@@ -211,6 +211,39 @@ class ClaimedWork(NamedTuple):
         ]
 
 
+class Flow(NamedTuple):
+    """A flow key's settings (`set_flow`), and what its items are doing now: the claims of
+    every worker honour them (see the relays guide). A key with no settings is not listed."""
+
+    key: str
+    """The flow key: by default the root key of the execution an item concerns."""
+    priority: int
+    """Higher first: a claim takes the items of higher priorities before any other."""
+    concurrency: int | None
+    """At most this many of the key's items held at once, all kinds (None: no limit)."""
+    paused: bool
+    """No item of the key is claimed while it is paused (its due timers wait)."""
+    rate: tuple[int, float] | None
+    """``(count, seconds)``: at most ``count`` of its items claimed in any ``seconds``, on
+    the database's clock (None: no rate)."""
+    pending: int
+    """Its items waiting to be claimed: outbox entries and spawns neither held nor dead,
+    and due timers not held."""
+    held: int
+    """Its items claimed under a live lease, all kinds."""
+
+
+class WorkerHold(NamedTuple):
+    """What one worker holds now (`workers`): claimed under a live lease."""
+
+    worker: str
+    held: dict[str, int]
+    """Items held by kind: ``"outbox"``, ``"spawn"``, ``"timer"`` (a kind it holds none of
+    is absent)."""
+    lease_until: float
+    """The latest of its leases' ends (epoch seconds, the database's clock)."""
+
+
 class DeadLetter(NamedTuple):
     """A row a claim set aside after ``attempts`` claims (its ``max_attempts``): ``kind`` is
     ``"outbox"``, ``"spawn"`` or ``"timer"``, ``item`` the `OutboxEntry`, `SpawnEntry` or

@@ -328,17 +328,22 @@ def _dead_key(
     raise ValueError(f"kind must be one of {', '.join(DEAD_KINDS)}, not {kind!r}")
 
 
-# Each kind's claim: its statements (the dead letters' sweep, the claim), how its rows decode,
-# and the order it hands them out in.
-_CLAIMS: dict[DeadKind, tuple[tuple[str, str], Any, Any]] = {
-    "outbox": (("mark_dead_outbox", "claim_outbox"), outbox_entry, None),
-    "spawn": (("mark_dead_spawns", "claim_spawns"), spawn_entry, None),
+# Each kind's claim: its statements (the dead letters' sweep, the claim while no flow key
+# has settings, the claim that honours them), how its rows decode, and the order it hands
+# them out in.
+_CLAIMS: dict[DeadKind, tuple[tuple[str, str, str], Any, Any]] = {
+    "outbox": (("mark_dead_outbox", "claim_outbox", "claim_outbox_flows"), outbox_entry, None),
+    "spawn": (("mark_dead_spawns", "claim_spawns", "claim_spawns_flows"), spawn_entry, None),
     "timer": (
-        ("mark_dead_timers", "claim_due_timers"),
+        ("mark_dead_timers", "claim_due_timers", "claim_due_timers_flows"),
         due_timer,
         lambda t: (t.fire_at, t.execution_id, t.path),
     ),
 }
+
+# A claim's steps: the dead letters' sweep (None: no max_attempts), and its two statements,
+# of which a local connection runs the one that fits the flows (see queries.sql).
+ClaimSteps = tuple[int | None, int, int]
 
 
 def _check_claim(worker: str, limit: int, lease: float, max_attempts: int | None) -> float:
@@ -356,16 +361,20 @@ def _add_claim(
     lease: float,
     max_attempts: int | None,
     due: float,
-) -> tuple[int | None, int]:
+    flows: int,
+) -> ClaimSteps:
     """Add a claim of ``kind`` to ``batch`` (checked by `_check_claim`): given a
     ``max_attempts``, first the statement that makes dead letters of the rows at it, then
-    the UPDATE ... RETURNING of queries.sql; return their steps."""
+    the UPDATE ... RETURNING of queries.sql that fits the flows (step ``flows``, a
+    flows_in_use, says whether some key has settings); return their steps."""
     names = _CLAIMS[kind][0]
     timer = (due,) if kind == "timer" else ()
     mark = None
     if max_attempts is not None:
         mark = batch.add(names[0], max_attempts, limit, *timer)
-    return mark, batch.add(names[1], worker, limit, lease, *timer, max_attempts)
+    params = (worker, limit, lease, *timer, max_attempts)
+    plain = batch.add(names[1], *params, unless=(flows, 1))
+    return mark, plain, batch.add(names[2], *params, only_if=(flows, 1))
 
 
 # What a claim carries beside each item (0010), and what it is read as when a foreign client
@@ -407,20 +416,19 @@ def _carried(database: str, items: list[Any]) -> list[Any]:
     return items
 
 
-def _claimed(
-    database: str, kind: DeadKind, results: Sequence[Any], steps: tuple[int | None, int]
-) -> list[Any]:
+def _claimed(database: str, kind: DeadKind, results: Sequence[Any], steps: ClaimSteps) -> list[Any]:
     """What a claim's steps came to: the dead letters it made logged, its rows decoded (a
     corrupt one logged and left claimed) in the order the claim hands them out, marked as
     ``database``'s."""
-    (mark_name, _), decode, order = _CLAIMS[kind]
-    mark, claim = steps
+    (mark_name, *_), decode, order = _CLAIMS[kind]
+    mark, plain, honouring = steps
     if mark is not None:
         log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
         # Every dead letter is made here, so counted here, once: its last attempt may have
         # been a handler's failure or a worker that died holding it.
         telemetry.count_kind(kind, len(results[mark]), "dead")
-    items = _carried(database, decoded(results[claim], decode))
+    rows = (results[plain] or []) + (results[honouring] or [])  # one ran (or changed nothing)
+    items = _carried(database, decoded(rows, decode))
     return stamped(sorted(items, key=order), database)
 
 
@@ -436,12 +444,13 @@ def _claim(
     """One kind's claim: one write."""
     seconds = _check_claim(worker, limit, lease, max_attempts)
     batch = Batch()
-    steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due)
+    flows = batch.add("flows_in_use")
+    steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due, flows)
     return _claimed(database, kind, (yield batch), steps)
 
 
 def _work_ahead(row: Sequence[Any]) -> WorkAhead:
-    outbox, spawns, timers, next_timer_at = row
+    outbox, spawns, timers, next_timer_at, _flows = row
     return WorkAhead(bool(outbox), bool(spawns), bool(timers), next_timer_at)
 
 
@@ -545,7 +554,11 @@ class Queues(StoreCore):
         takes it), claiming nothing: whether an outbox entry, a spawn and a timer due at
         ``now`` are claimable, and the soonest timer not due yet. One read, writing nothing
         (at the primary on an embedded replica: its own copy may lag)."""
-        return _work_ahead((yield fresh("work_ahead", check_finite(now, "now"))))
+        due = check_finite(now, "now")
+        row = yield fresh("work_ahead", due)
+        if row[4] and any(row[:3]):  # some key has settings: what of it may be claimed now?
+            row = yield fresh("work_ahead_flows", due)
+        return _work_ahead(row)
 
     @operation
     def claim_work(
@@ -571,8 +584,13 @@ class Queues(StoreCore):
         if asked - set(DEAD_KINDS) or not wanted:
             raise ValueError(f"kinds must name some of {', '.join(DEAD_KINDS)}, not {asked}")
         batch = Batch()
-        steps = {k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due) for k in wanted}
-        ahead = batch.add("work_ahead", due)
+        flows = batch.add("flows_in_use")
+        steps = {
+            k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due, flows)
+            for k in wanted
+        }
+        plain = batch.add("work_ahead", due, unless=(flows, 1))
+        honouring = batch.add("work_ahead_flows", due, only_if=(flows, 1))
         results = yield batch
         key = self._conn.key
         claimed = {k: _claimed(key, k, results, step) for k, step in steps.items()}
@@ -580,7 +598,7 @@ class Queues(StoreCore):
             claimed.get("outbox", []),
             claimed.get("spawn", []),
             claimed.get("timer", []),
-            _work_ahead(results[ahead]),
+            _work_ahead(results[honouring if results[flows] else plain]),
         )
 
     @operation

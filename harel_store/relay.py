@@ -259,6 +259,14 @@ def _retries(
     return groups
 
 
+def _released(worker: str, count: int) -> None:
+    """Say what a relay starting as ``worker`` released of what that id held: a worker
+    restarted under its id (one id names one process at a time) does not wait out the
+    leases of the one that died."""
+    if count:
+        log.info("relay %s: released %d items this worker id held before it started", worker, count)
+
+
 def _unsettled(worker: str, exc: Exception) -> None:
     """A round ended by an interrupt could not ack, fail or release what it held: the
     interrupt goes on (the rows wait out their leases)."""
@@ -419,11 +427,15 @@ class Relay:
                 return self._run_fleet(self._fleet)
             self._waiter = waiter = self._store._waiter()
             schedule = _Schedule(self._o.handlers, self._o.poll)
+            failover = True
             try:
                 while not self._stopping.is_set():
                     schedule.heard(waiter.take())
                     action, wait = schedule.next()
                     try:
+                        if failover:  # what this worker id held before it started
+                            _released(self._o.worker, self._store.release_worker(self._o.worker))
+                            failover = False
                         if action == "claim":
                             self._round(schedule, schedule.todo)
                         elif action == "peek":
@@ -656,6 +668,7 @@ class AsyncRelay:
             self._waiter = waiter = self._store._waiter()
             schedule = _Schedule(self._o.handlers, self._o.poll)
             self._in_hand = 0
+            failover = True
 
             def ended(task: asyncio.Task[int]) -> None:
                 rounds.discard(task)
@@ -670,6 +683,10 @@ class AsyncRelay:
                     if action == "claim" and free <= 0:
                         action, wait = "wait", self._o.poll  # until an item is done with
                     try:
+                        if failover:  # as Relay.run
+                            worker = self._o.worker
+                            _released(worker, await self._store.release_worker(worker))
+                            failover = False
                         if action == "claim":
                             claimed = await self._claim(schedule, set(schedule.todo), free)
                             items = claimed.items()

@@ -26,6 +26,7 @@ from harel_store.connection.local import Synchronous
 from harel_store.connection.revision import ensure_schema, revision
 from harel_store.core import COMPANIONS, DEFAULT_TRACE_MAX, MAX_PAGE, MAX_PURGE
 from harel_store.executions import Executions
+from harel_store.flows import FlowKey, Flows, check_flow_function
 from harel_store.operation import operation
 from harel_store.queues import Queues
 from harel_store.retention import Retention
@@ -76,7 +77,7 @@ def checked(connection: Connection, migrate: bool) -> Connection:
     return connection
 
 
-class Store(Executions, Queues, Retention):
+class Store(Executions, Queues, Flows, Retention):
     """The store: every operation of the contract (`harel_store.executions`,
     `harel_store.queues`, `harel_store.retention`) over one connection. Safe to share
     between threads."""
@@ -121,8 +122,10 @@ class LibsqlStore(Store):
         busy_timeout: float = 5.0,
         timeout: float = 30.0,
         migrate: bool | None = None,
+        flow_key: FlowKey | None = None,
     ) -> None:
         check_trace_max(trace_max)  # before anything is opened
+        check_flow_function(flow_key)
         connection = open_libsql(
             database,
             auth_token=auth_token,
@@ -134,7 +137,7 @@ class LibsqlStore(Store):
         )
         if migrate is None:
             migrate = sync_url is None and not is_remote(database)
-        super().__init__(checked(connection, migrate), trace_max=trace_max)
+        super().__init__(checked(connection, migrate), trace_max=trace_max, flow_key=flow_key)
 
 
 class SqliteStore(Store):
@@ -148,7 +151,9 @@ class SqliteStore(Store):
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 5.0,
         migrate: bool = True,
+        flow_key: FlowKey | None = None,
     ) -> None:
         check_trace_max(trace_max)
+        check_flow_function(flow_key)
         connection = open_sqlite(database, synchronous=synchronous, busy_timeout=busy_timeout)
-        super().__init__(checked(connection, migrate), trace_max=trace_max)
+        super().__init__(checked(connection, migrate), trace_max=trace_max, flow_key=flow_key)

@@ -186,8 +186,16 @@ SELECT 1 FROM harel_processed_events WHERE execution_id = ? AND event_id = ?;
 -- created_at is epoch seconds from SQLite's clock, so every writer's entries share one clock;
 -- source_id is the execution whose commit emits the entry; traceparent the commit's trace
 -- context (0010), NULL when it ran inside no span. Likewise for spawns and timers.
-INSERT INTO harel_outbox (target_id, source_id, event, created_at, traceparent)
-VALUES (?, ?, ?, (julianday('now') - 2440587.5) * 86400.0, ?)
+-- ?5 is its flow key (0011). Its rank follows its key's last live one, or starts where the
+-- claims stand (the flow clock) when the key has none: a key that was idle joins the
+-- round-robin at once, and one with a backlog goes on from its own. flowed: whether the
+-- key has settings. Two seeks of harel_outbox_flow and the clock, a probe of the flows.
+INSERT INTO harel_outbox
+    (target_id, source_id, event, created_at, traceparent, flow_key, flow_rank, flowed)
+VALUES (?1, ?2, ?3, (julianday('now') - 2440587.5) * 86400.0, ?4, ?5,
+        max(coalesce((SELECT max(flow_rank) FROM harel_outbox WHERE flow_key = ?5 AND seq > 0), 0) + 1,
+            coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0)),
+        EXISTS (SELECT 1 FROM harel_flows WHERE key = ?5))
 RETURNING seq;
 
 -- name: mark_processed!
@@ -197,17 +205,25 @@ INSERT OR IGNORE INTO harel_processed_events (execution_id, event_id, recorded_a
 VALUES (?, ?, (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: insert_spawn!
-INSERT INTO harel_spawns (parent_id, child_id, root_path, context, created_at, traceparent)
-VALUES (?, ?, ?, ?, (julianday('now') - 2440587.5) * 86400.0, ?);
+-- ?6: the flow key; ranked as insert_outbox ranks.
+INSERT INTO harel_spawns
+    (parent_id, child_id, root_path, context, created_at, traceparent, flow_key, flow_rank, flowed)
+VALUES (?1, ?2, ?3, ?4, (julianday('now') - 2440587.5) * 86400.0, ?5, ?6,
+        max(coalesce((SELECT max(flow_rank) FROM harel_spawns WHERE flow_key = ?6 AND seq > 0), 0) + 1,
+            coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0)),
+        EXISTS (SELECT 1 FROM harel_flows WHERE key = ?6));
 
 -- name: schedule_timer!
 -- Re-arming the same path replaces its fire_at.
 -- Re-arming also drops a relay's claim, its attempts and a dead letter it was: the timer is
 -- due anew, at its new time, with the trace context of the commit that re-armed it.
-INSERT INTO harel_timers (execution_id, path, fire_at, traceparent) VALUES (?, ?, ?, ?)
+-- ?5: the flow key (timers are ranked when claimed: no rank).
+INSERT INTO harel_timers (execution_id, path, fire_at, traceparent, flow_key, flowed)
+VALUES (?1, ?2, ?3, ?4, ?5, EXISTS (SELECT 1 FROM harel_flows WHERE key = ?5))
 ON CONFLICT (execution_id, path) DO UPDATE
 SET fire_at = excluded.fire_at, claimed_by = NULL, claimed_until = NULL, attempts = 0,
-    last_error = NULL, dead_at = NULL, traceparent = excluded.traceparent;
+    last_error = NULL, dead_at = NULL, traceparent = excluded.traceparent,
+    flow_key = excluded.flow_key, flowed = excluded.flowed;
 
 -- name: cancel_timer!
 DELETE FROM harel_timers WHERE execution_id = ? AND path = ?;
@@ -502,9 +518,17 @@ SELECT seq, target_id, event FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT 
 -- that made them wait: claimed_until is then their retry time, with nobody's name), leases
 -- them for ?3 seconds on the database's clock (one 'now' for the whole statement) and counts
 -- one attempt of each; given a max_attempts (NULL: none) it passes over rows whose attempts
--- reached it. The subquery walks the primary key (the fire_at index for timers) from the
--- oldest live row, stepping over rows other workers hold, so its cost does not grow with the
+-- reached it. Outbox entries and spawns are taken by flow_rank, then seq (0011: round-robin
+-- across flow keys, first in, first out inside one): the subquery walks harel_*_rank from
+-- the lowest rank, stepping over rows other workers hold, so its cost does not grow with the
 -- backlog. RETURNING gives rows in no set order: the store sorts them.
+--
+-- Flow control (0011). Each claim is two statements, of which a claim runs one: the plain
+-- one while no key has settings (NOT EXISTS harel_flows: one probe), the *_flows one
+-- otherwise, which honours the settings. A local connection reads flows_in_use first and
+-- runs only the one that fits (the _flows ones cost more to compile); a remote batch runs
+-- both, and the one that does not fit changes nothing. Both sit in the claim's one
+-- transaction, so every worker and process sees a change of settings at its next claim.
 --
 -- With a max_attempts, the claim's batch first runs mark_dead_*: of the oldest ?2 rows a
 -- claim could take, those whose attempts reached ?1 become dead letters, in the same
@@ -536,14 +560,55 @@ SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + 
     attempts = attempts + 1
 WHERE seq IN (
     SELECT seq FROM harel_outbox
-    WHERE seq > 0
+    WHERE seq > 0 AND flowed = 0
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
       AND (?4 IS NULL OR attempts < ?4)
-    ORDER BY seq LIMIT ?2)
+      AND NOT EXISTS (SELECT 1 FROM harel_flows)
+    ORDER BY flow_rank, seq LIMIT ?2)
+RETURNING seq, target_id, event, created_at, traceparent;
+
+-- name: claim_outbox_flows
+-- row: seq int, target_id text?, event text, created_at any, traceparent any
+-- claim_outbox when some key has settings (a claim runs the one that fits: see
+-- "Flow control" below). The keys without settings are walked as claim_outbox walks them;
+-- each key with room (harel_flow_room) is walked on its own, by rank, up to its room, the
+-- walks merged by priority, rank and seq (a recursive query whose queue is ordered: it stops
+-- once ?2 rows came out); the two merged the same way.
+WITH RECURSIVE
+    flow (key, priority, room) AS MATERIALIZED (
+        SELECT key, priority, min(coalesce(room, ?2), ?2) FROM harel_flow_room),
+    walk (key, priority, room, n, rank, seq) AS (
+        SELECT key, priority, room, 0, -1, 0 FROM flow WHERE room > 0
+        UNION ALL
+        SELECT w.key, w.priority, w.room, w.n + 1, i.flow_rank, i.seq
+        FROM walk AS w JOIN harel_outbox AS i ON i.seq = (
+            SELECT seq FROM harel_outbox
+            WHERE flow_key = w.key AND seq > 0 AND (flow_rank, seq) > (w.rank, w.seq)
+              AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+              AND (?4 IS NULL OR attempts < ?4)
+            ORDER BY flow_rank, seq LIMIT 1)
+        WHERE w.n < w.room
+        ORDER BY 2 DESC, 5, 6 LIMIT ?2 + (SELECT count(*) FROM flow WHERE room > 0))
+UPDATE harel_outbox
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
+    attempts = attempts + 1
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT * FROM (
+            SELECT 0 AS priority, flow_rank AS rank, seq FROM harel_outbox
+            WHERE seq > 0 AND flowed = 0
+              AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+              AND (?4 IS NULL OR attempts < ?4)
+              AND EXISTS (SELECT 1 FROM harel_flows)
+            ORDER BY flow_rank, seq LIMIT ?2)
+        UNION ALL
+        SELECT priority, rank, seq FROM walk WHERE n > 0)
+    ORDER BY priority DESC, rank, seq LIMIT ?2)
 RETURNING seq, target_id, event, created_at, traceparent;
 
 -- What a worker does with the entries it claimed, by seq (?N: a JSON array of seqs, one
--- statement for any number; json_each's integers are exact).
+-- statement for any number; json_each's integers are exact). `+claimed_by`: each row is found by
+-- its seq, never through the worker's index (harel_outbox_worker), which holds all it has.
 
 -- name: ack_outbox!
 -- Delivered: gone for good, whoever holds them, live or dead (an ack discards a dead letter).
@@ -553,7 +618,7 @@ WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_
 -- name: ack_held_outbox!
 -- A relay's own ack: of the entries ?2, those worker ?1 still holds (its lease run out or
 -- not). One a handler consumed, one revived, or one another worker claimed since is spared.
-DELETE FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1;
+DELETE FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1;
 
 -- name: fail_outbox!
 -- Not delivered: of the entries ?2, those worker ?1 still holds under its lease record the
@@ -561,28 +626,30 @@ DELETE FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?2)) AND clai
 UPDATE harel_outbox
 SET last_error = ?3, claimed_by = NULL,
     claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?4
-WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: extend_outbox
 -- row: seq int
 -- Of the entries ?2, those worker ?1 still holds: leased for ?3 seconds from now.
 UPDATE harel_outbox SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
-WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
 RETURNING seq;
 
 -- name: revive_outbox!
 -- Live again (a dead letter's seq restored), no attempt counted, claimable at once.
+-- Its key may have got or lost settings while it was dead: flowed as it is now.
 UPDATE harel_outbox
-SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
+SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL,
+    flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = harel_outbox.flow_key)
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
 
 -- name: release_outbox!
 -- Claimed and not handled (a relay stopping): of the entries ?2, those worker ?1 still
 -- holds are claimable at once, and the claim's attempt is given back.
 UPDATE harel_outbox SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
-WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- The spawns' queue, as the outbox's.
@@ -613,10 +680,45 @@ SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + 
     attempts = attempts + 1
 WHERE seq IN (
     SELECT seq FROM harel_spawns
-    WHERE seq > 0
+    WHERE seq > 0 AND flowed = 0
       AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
       AND (?4 IS NULL OR attempts < ?4)
-    ORDER BY seq LIMIT ?2)
+      AND NOT EXISTS (SELECT 1 FROM harel_flows)
+    ORDER BY flow_rank, seq LIMIT ?2)
+RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent;
+
+-- name: claim_spawns_flows
+-- row: seq int, parent_id text, child_id text, root_path text, context text, created_at any, traceparent any
+WITH RECURSIVE
+    flow (key, priority, room) AS MATERIALIZED (
+        SELECT key, priority, min(coalesce(room, ?2), ?2) FROM harel_flow_room),
+    walk (key, priority, room, n, rank, seq) AS (
+        SELECT key, priority, room, 0, -1, 0 FROM flow WHERE room > 0
+        UNION ALL
+        SELECT w.key, w.priority, w.room, w.n + 1, i.flow_rank, i.seq
+        FROM walk AS w JOIN harel_spawns AS i ON i.seq = (
+            SELECT seq FROM harel_spawns
+            WHERE flow_key = w.key AND seq > 0 AND (flow_rank, seq) > (w.rank, w.seq)
+              AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+              AND (?4 IS NULL OR attempts < ?4)
+            ORDER BY flow_rank, seq LIMIT 1)
+        WHERE w.n < w.room
+        ORDER BY 2 DESC, 5, 6 LIMIT ?2 + (SELECT count(*) FROM flow WHERE room > 0))
+UPDATE harel_spawns
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
+    attempts = attempts + 1
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT * FROM (
+            SELECT 0 AS priority, flow_rank AS rank, seq FROM harel_spawns
+            WHERE seq > 0 AND flowed = 0
+              AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+              AND (?4 IS NULL OR attempts < ?4)
+              AND EXISTS (SELECT 1 FROM harel_flows)
+            ORDER BY flow_rank, seq LIMIT ?2)
+        UNION ALL
+        SELECT priority, rank, seq FROM walk WHERE n > 0)
+    ORDER BY priority DESC, rank, seq LIMIT ?2)
 RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent;
 
 -- name: ack_spawns!
@@ -624,30 +726,31 @@ DELETE FROM harel_spawns
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
 
 -- name: ack_held_spawns!
-DELETE FROM harel_spawns WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1;
+DELETE FROM harel_spawns WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1;
 
 -- name: fail_spawns!
 UPDATE harel_spawns
 SET last_error = ?3, claimed_by = NULL,
     claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?4
-WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: extend_spawns
 -- row: seq int
 UPDATE harel_spawns SET claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3
-WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
 RETURNING seq;
 
 -- name: revive_spawns!
 UPDATE harel_spawns
-SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
+SET seq = abs(seq), attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL,
+    flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = harel_spawns.flow_key)
 WHERE seq IN (SELECT value FROM json_each(?1) UNION ALL SELECT -value FROM json_each(?1));
 
 -- name: release_spawns!
 UPDATE harel_spawns SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
-WHERE seq IN (SELECT value FROM json_each(?2)) AND claimed_by = ?1
+WHERE seq IN (SELECT value FROM json_each(?2)) AND +claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- The timers' queue: live timers due at the caller's clock (?N: now), soonest first. Ties in
@@ -678,16 +781,46 @@ RETURNING execution_id, path, fire_at, attempts, last_error;
 -- name: claim_due_timers
 -- row: execution_id text, path text, fire_at real, traceparent any
 -- Timers due at ?4 (the caller's clock, as for due_timers); the lease on the database's;
--- ?5 max_attempts.
+-- ?5 max_attempts. Round-robin across keys too: the claimable due timers are ranked in
+-- their key, soonest first (n), and taken by rank, then as before. That reads every
+-- claimable due timer (normally a few: they are claimed as they come due).
 UPDATE harel_timers
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
 WHERE (execution_id, path) IN (
-    SELECT execution_id, path FROM harel_timers
-    WHERE fire_at <= ?4 AND dead_at IS NULL
-      AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
-      AND (?5 IS NULL OR attempts < ?5)
-    ORDER BY fire_at, execution_id, path LIMIT ?2)
+    SELECT execution_id, path FROM (
+        SELECT execution_id, path, fire_at,
+               row_number() OVER (PARTITION BY flow_key ORDER BY fire_at, execution_id, path) AS n
+        FROM harel_timers INDEXED BY harel_timers_fire_at
+        WHERE fire_at <= ?4 AND dead_at IS NULL
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+          AND (?5 IS NULL OR attempts < ?5)
+          AND NOT EXISTS (SELECT 1 FROM harel_flows))
+    ORDER BY n, fire_at, execution_id, path LIMIT ?2)
+RETURNING execution_id, path, fire_at, traceparent;
+
+-- name: claim_due_timers_flows
+-- row: execution_id text, path text, fire_at real, traceparent any
+-- claim_due_timers when some key has settings: a timer of a key with settings only within
+-- its room, by its key's priority first.
+WITH flow (key, priority, room) AS MATERIALIZED (SELECT key, priority, room FROM harel_flow_room)
+UPDATE harel_timers
+SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
+    attempts = attempts + 1
+WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM (
+        SELECT t.execution_id, t.path, t.fire_at, coalesce(f.priority, 0) AS priority, f.room,
+               row_number() OVER (PARTITION BY t.flow_key
+                                  ORDER BY t.fire_at, t.execution_id, t.path) AS n
+        FROM harel_timers AS t INDEXED BY harel_timers_fire_at
+        LEFT JOIN flow AS f ON t.flowed = 1 AND f.key = t.flow_key
+        WHERE t.fire_at <= ?4 AND t.dead_at IS NULL
+          AND (t.claimed_until IS NULL OR t.claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+          AND (?5 IS NULL OR t.attempts < ?5)
+          AND (t.flowed = 0 OR f.room IS NULL OR f.room > 0)
+          AND EXISTS (SELECT 1 FROM harel_flows))
+    WHERE n <= coalesce(room, ?2)
+    ORDER BY priority DESC, n, fire_at, execution_id, path LIMIT ?2)
 RETURNING execution_id, path, fire_at, traceparent;
 
 -- name: delete_timer!
@@ -714,7 +847,8 @@ WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: revive_timer!
-UPDATE harel_timers SET attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL
+UPDATE harel_timers SET attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL,
+    flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = harel_timers.flow_key)
 WHERE execution_id = ? AND path = ? AND fire_at = ?;
 
 -- name: release_timer!
@@ -723,14 +857,16 @@ WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: work_ahead=
--- row: outbox int, spawns int, timers int, next_timer_at real?
+-- row: outbox int, spawns int, timers int, next_timer_at real?, flows int
 -- What a relay could claim at ?1 (the caller's clock, as claim_due_timers takes it), without
 -- claiming it: whether an outbox entry, a spawn and a timer due at ?1 are claimable (live,
 -- held by no live lease nor waiting out a fail's retry), and the soonest live timer not due
 -- at ?1. Each EXISTS walks its queue from its first live row, as a claim does, and stops at
 -- the first claimable one; the last part is one seek of the fire_at index. A relay reads
 -- this before it claims, so that an idle one writes nothing; a claim_work batch reads it
--- after its claims, so that a relay knows at once whether to claim again.
+-- after its claims, so that a relay knows at once whether to claim again. The last column
+-- says whether some key has settings (0011): then the first three may count items a claim
+-- must leave (paused, or at their limit), and work_ahead_flows says what is claimable.
 SELECT
     EXISTS (SELECT 1 FROM harel_outbox WHERE seq > 0
             AND (claimed_until IS NULL
@@ -741,7 +877,138 @@ SELECT
     EXISTS (SELECT 1 FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL
             AND (claimed_until IS NULL
                  OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
-    (SELECT min(fire_at) FROM harel_timers WHERE fire_at > ?1 AND dead_at IS NULL);
+    (SELECT min(fire_at) FROM harel_timers WHERE fire_at > ?1 AND dead_at IS NULL),
+    EXISTS (SELECT 1 FROM harel_flows);
+
+-- name: work_ahead_flows=
+-- row: outbox int, spawns int, timers int, next_timer_at real?, flows int
+-- work_ahead when some key has settings: an item of a key with settings counts only if its
+-- key has room (harel_flow_room), so that a relay whose only work is paused or at its
+-- limit sleeps. The keys without settings are walked by rank as the claims walk them (a
+-- paused backlog is never stepped over), each key with room by its own index.
+WITH flow (key) AS MATERIALIZED (
+    SELECT key FROM harel_flow_room WHERE room IS NULL OR room > 0)
+SELECT
+    EXISTS (SELECT 1 FROM harel_outbox INDEXED BY harel_outbox_rank
+            WHERE seq > 0 AND flowed = 0
+              AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0))
+    OR EXISTS (SELECT 1 FROM flow AS f CROSS JOIN harel_outbox AS i INDEXED BY harel_outbox_flow
+               ON i.flow_key = f.key
+               WHERE i.seq > 0 AND (i.claimed_until IS NULL OR i.claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+    EXISTS (SELECT 1 FROM harel_spawns INDEXED BY harel_spawns_rank
+            WHERE seq > 0 AND flowed = 0
+              AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0))
+    OR EXISTS (SELECT 1 FROM flow AS f CROSS JOIN harel_spawns AS i INDEXED BY harel_spawns_flow
+               ON i.flow_key = f.key
+               WHERE i.seq > 0 AND (i.claimed_until IS NULL OR i.claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+    EXISTS (SELECT 1 FROM harel_timers WHERE fire_at <= ?1 AND dead_at IS NULL AND flowed = 0
+            AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0))
+    OR EXISTS (SELECT 1 FROM flow AS f CROSS JOIN harel_timers AS t INDEXED BY harel_timers_flow
+               ON t.flow_key = f.key
+               WHERE t.fire_at <= ?1 AND t.dead_at IS NULL
+                 AND (t.claimed_until IS NULL OR t.claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+    (SELECT min(fire_at) FROM harel_timers WHERE fire_at > ?1 AND dead_at IS NULL),
+    EXISTS (SELECT 1 FROM harel_flows);
+
+-- name: flows_in_use$
+-- row: flows int
+-- Whether some key has settings: which of a claim's two statements fits (see the claims).
+SELECT EXISTS (SELECT 1 FROM harel_flows);
+
+-- Flow control (0011): the settings of flow keys (harel_flows), which every claim honours
+-- (the claims above), and what each worker holds.
+
+-- name: set_flow!
+-- Every setting of key ?1 at once (a row made or replaced).
+INSERT INTO harel_flows (key, priority, concurrency, paused, rate_count, rate_seconds, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, (julianday('now') - 2440587.5) * 86400.0)
+ON CONFLICT (key) DO UPDATE
+SET priority = excluded.priority, concurrency = excluded.concurrency, paused = excluded.paused,
+    rate_count = excluded.rate_count, rate_seconds = excluded.rate_seconds,
+    updated_at = excluded.updated_at;
+
+-- name: pause_flow!
+-- Key ?1 paused (?2 = 1) or resumed (?2 = 0), its other settings kept. Pausing a key with
+-- no settings gives it a row of defaults, paused; resuming one leaves it without.
+INSERT INTO harel_flows (key, paused, updated_at)
+SELECT ?1, ?2, (julianday('now') - 2440587.5) * 86400.0 WHERE ?2 = 1 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
+ON CONFLICT (key) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at;
+
+-- name: clear_flow!
+DELETE FROM harel_flows WHERE key = ?1;
+
+-- name: forget_flow_claims!
+-- The rate log of key ?1, when it has no rate (any more).
+DELETE FROM harel_flow_claims
+WHERE key = ?1 AND NOT EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1 AND rate_count IS NOT NULL);
+
+-- name: mark_flowed_outbox!
+-- The live items of key ?1 marked as the flows say (flowed: the key has settings), so the
+-- claims walk them as they must. One range of harel_*_flow; dead ones are marked when
+-- revived or re-armed.
+UPDATE harel_outbox SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
+WHERE flow_key = ?1 AND seq > 0;
+
+-- name: mark_flowed_spawns!
+UPDATE harel_spawns SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
+WHERE flow_key = ?1 AND seq > 0;
+
+-- name: mark_flowed_timers!
+UPDATE harel_timers SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
+WHERE flow_key = ?1 AND dead_at IS NULL;
+
+-- name: flows
+-- row: key text, priority int, concurrency int?, paused int, rate_count int?, rate_seconds real?, pending int, held int
+-- The keys with settings (key ?1 alone, or all when NULL), by key, with their items: pending
+-- (outbox entries and spawns live and not held, timers due and not held) and held (under a
+-- live lease), all kinds. A range of each queue's flow index a key.
+SELECT f.key, f.priority, f.concurrency, f.paused, f.rate_count, f.rate_seconds,
+       (SELECT count(*) FROM harel_outbox WHERE flow_key = f.key AND seq > 0
+        AND (claimed_by IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0))
+       + (SELECT count(*) FROM harel_spawns WHERE flow_key = f.key AND seq > 0
+          AND (claimed_by IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0))
+       + (SELECT count(*) FROM harel_timers WHERE flow_key = f.key AND dead_at IS NULL
+          AND fire_at <= (julianday('now') - 2440587.5) * 86400.0 AND (claimed_by IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)),
+       (SELECT count(*) FROM harel_outbox WHERE flow_key = f.key AND claimed_by IS NOT NULL AND flowed = 1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+       + (SELECT count(*) FROM harel_spawns WHERE flow_key = f.key AND claimed_by IS NOT NULL AND flowed = 1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+       + (SELECT count(*) FROM harel_timers WHERE flow_key = f.key AND claimed_by IS NOT NULL AND flowed = 1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+FROM harel_flows AS f WHERE ?1 IS NULL OR f.key = ?1 ORDER BY f.key;
+
+-- name: held_by$
+-- row: held int
+-- Whether worker ?1 holds anything under a live lease: a relay's start reads it, so that one
+-- that held nothing writes nothing. A seek of each harel_*_worker.
+SELECT EXISTS (SELECT 1 FROM harel_outbox WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+    OR EXISTS (SELECT 1 FROM harel_spawns WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+    OR EXISTS (SELECT 1 FROM harel_timers WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: release_worker_outbox!
+-- Failover: what worker ?1 holds under a live lease is claimable at once, each claim's
+-- attempt given back (as release_outbox). One range of harel_*_worker.
+UPDATE harel_outbox SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: release_worker_spawns!
+UPDATE harel_spawns SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: release_worker_timers!
+UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: workers
+-- row: worker text, kind text, held int, lease_until real
+-- What each worker holds under a live lease, by kind, and its latest lease's end: the held
+-- rows of harel_*_worker, nothing else.
+SELECT claimed_by, 'outbox', count(*), max(claimed_until) FROM harel_outbox
+WHERE claimed_by IS NOT NULL AND claimed_until > (julianday('now') - 2440587.5) * 86400.0 GROUP BY claimed_by
+UNION ALL
+SELECT claimed_by, 'spawn', count(*), max(claimed_until) FROM harel_spawns
+WHERE claimed_by IS NOT NULL AND claimed_until > (julianday('now') - 2440587.5) * 86400.0 GROUP BY claimed_by
+UNION ALL
+SELECT claimed_by, 'timer', count(*), max(claimed_until) FROM harel_timers
+WHERE claimed_by IS NOT NULL AND claimed_until > (julianday('now') - 2440587.5) * 86400.0 GROUP BY claimed_by
+ORDER BY 1, 2;
 
 -- name: attempts_of
 -- row: kind text, key any, path text?, fire_at real?, attempts int

@@ -62,7 +62,13 @@ CREATE TABLE harel_outbox (
     dead_at REAL,
     -- The W3C traceparent of the commit that wrote it, when that commit ran inside a span
     -- (0010); NULL otherwise. Likewise in harel_spawns and harel_timers.
-    traceparent TEXT
+    traceparent TEXT,
+    -- Flow control (0011): the item's flow key (the root key of the execution it concerns,
+    -- or what the store's flow_key function says), its place in the round-robin across
+    -- keys, and whether its key has settings in harel_flows (set_flow writes it).
+    flow_key TEXT NOT NULL DEFAULT '',
+    flow_rank INTEGER NOT NULL DEFAULT 0,
+    flowed INTEGER NOT NULL DEFAULT 0
 );
 
 CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
@@ -89,6 +95,8 @@ CREATE TABLE harel_timers (
     last_error TEXT,
     dead_at REAL,
     traceparent TEXT,
+    flow_key TEXT NOT NULL DEFAULT '', -- timers are ranked when claimed: no flow_rank
+    flowed INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (execution_id, path)
 ) WITHOUT ROWID;
 
@@ -111,7 +119,10 @@ CREATE TABLE harel_spawns (
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
     dead_at REAL,
-    traceparent TEXT
+    traceparent TEXT,
+    flow_key TEXT NOT NULL DEFAULT '',
+    flow_rank INTEGER NOT NULL DEFAULT 0,
+    flowed INTEGER NOT NULL DEFAULT 0
 );
 
 CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);
@@ -133,3 +144,123 @@ CREATE TABLE harel_definitions (
     published_at REAL,
     PRIMARY KEY (definition_id, version)
 );
+
+-- Flow control (0011): see sql/migrations/0011_flows.up.sql.
+-- The claims' walk of the keys without settings, by rank (a live item's; flowed ones apart).
+CREATE INDEX harel_outbox_rank ON harel_outbox (flow_rank, seq) WHERE seq > 0 AND flowed = 0;
+CREATE INDEX harel_spawns_rank ON harel_spawns (flow_rank, seq) WHERE seq > 0 AND flowed = 0;
+-- A key's live items by rank: its next rank, its walk in a claim, what it has pending.
+CREATE INDEX harel_outbox_flow ON harel_outbox (flow_key, flow_rank, seq) WHERE seq > 0;
+CREATE INDEX harel_spawns_flow ON harel_spawns (flow_key, flow_rank, seq) WHERE seq > 0;
+CREATE INDEX harel_timers_flow ON harel_timers (flow_key, fire_at) WHERE dead_at IS NULL;
+-- What the keys with settings hold: a concurrency limit counts it. Only their claims write it.
+CREATE INDEX harel_outbox_flow_held ON harel_outbox (flow_key, claimed_until)
+WHERE claimed_by IS NOT NULL AND flowed = 1;
+CREATE INDEX harel_spawns_flow_held ON harel_spawns (flow_key, claimed_until)
+WHERE claimed_by IS NOT NULL AND flowed = 1;
+CREATE INDEX harel_timers_flow_held ON harel_timers (flow_key, claimed_until)
+WHERE claimed_by IS NOT NULL AND flowed = 1;
+-- What each worker holds: workers() and release_worker (a relay's start).
+CREATE INDEX harel_outbox_worker ON harel_outbox (claimed_by, claimed_until)
+WHERE claimed_by IS NOT NULL;
+CREATE INDEX harel_spawns_worker ON harel_spawns (claimed_by, claimed_until)
+WHERE claimed_by IS NOT NULL;
+CREATE INDEX harel_timers_worker ON harel_timers (claimed_by, claimed_until)
+WHERE claimed_by IS NOT NULL;
+
+-- The settings of the keys that have some (set_flow). No row: priority 0, no limit, no
+-- rate, not paused. rate_count claims at most per rate_seconds, both NULL or neither.
+CREATE TABLE harel_flows (
+    key TEXT PRIMARY KEY,
+    priority INTEGER NOT NULL DEFAULT 0,
+    concurrency INTEGER,
+    paused INTEGER NOT NULL DEFAULT 0,
+    rate_count INTEGER,
+    rate_seconds REAL,
+    updated_at REAL
+) WITHOUT ROWID;
+
+-- The claims of the keys with a rate, when they were made (the database's clock), kept for
+-- as long as the key's rate window: a rate counts them, acked or not.
+CREATE TABLE harel_flow_claims (
+    key TEXT NOT NULL,
+    claimed_at REAL NOT NULL
+);
+CREATE INDEX harel_flow_claims_key ON harel_flow_claims (key, claimed_at);
+
+-- What each key with settings may have claimed now (the claims' and peek_work's one rule):
+-- room 0 while paused; else the least of what its concurrency limit leaves (its items held
+-- under a live lease, every kind, counted) and what its rate leaves (its claims within the
+-- window counted, acked or not); NULL: no limit. A key's priority beside it.
+CREATE VIEW harel_flow_room (key, priority, room) AS
+SELECT key, priority,
+       CASE
+           WHEN paused THEN 0
+           WHEN concurrency IS NULL AND rate_count IS NULL THEN NULL
+           ELSE max(0, min(
+               CASE WHEN concurrency IS NULL THEN 9223372036854775807 ELSE concurrency
+                   - (SELECT count(*) FROM harel_outbox WHERE flow_key = f.key
+                      AND claimed_by IS NOT NULL AND flowed = 1
+                      AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+                   - (SELECT count(*) FROM harel_spawns WHERE flow_key = f.key
+                      AND claimed_by IS NOT NULL AND flowed = 1
+                      AND claimed_until > (julianday('now') - 2440587.5) * 86400.0)
+                   - (SELECT count(*) FROM harel_timers WHERE flow_key = f.key
+                      AND claimed_by IS NOT NULL AND flowed = 1
+                      AND claimed_until > (julianday('now') - 2440587.5) * 86400.0) END,
+               CASE WHEN rate_count IS NULL THEN 9223372036854775807 ELSE rate_count
+                   - (SELECT count(*) FROM harel_flow_claims WHERE key = f.key
+                      AND claimed_at > (julianday('now') - 2440587.5) * 86400.0 - f.rate_seconds) END))
+       END
+FROM harel_flows AS f;
+
+-- Where the claims stand in the round-robin, per kind: the highest rank claimed so far.
+-- A key with no live item starts its next one here (insert_outbox, insert_spawn).
+CREATE TABLE harel_flow_clock (
+    kind TEXT PRIMARY KEY,
+    rank INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', 0), ('spawn', 0);
+
+-- A claim moves the clock (every claim) and logs itself for a key with a rate (only
+-- claims of flowed items run the second: the keys without settings pay nothing for it).
+CREATE TRIGGER harel_outbox_claimed AFTER UPDATE OF claimed_by ON harel_outbox
+WHEN NEW.claimed_by IS NOT NULL
+BEGIN
+    UPDATE harel_flow_clock SET rank = NEW.flow_rank WHERE kind = 'outbox' AND rank < NEW.flow_rank;
+END;
+CREATE TRIGGER harel_spawns_claimed AFTER UPDATE OF claimed_by ON harel_spawns
+WHEN NEW.claimed_by IS NOT NULL
+BEGIN
+    UPDATE harel_flow_clock SET rank = NEW.flow_rank WHERE kind = 'spawn' AND rank < NEW.flow_rank;
+END;
+CREATE TRIGGER harel_outbox_rated AFTER UPDATE OF claimed_by ON harel_outbox
+WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
+BEGIN
+    INSERT INTO harel_flow_claims (key, claimed_at)
+    SELECT key, (julianday('now') - 2440587.5) * 86400.0 FROM harel_flows
+    WHERE key = NEW.flow_key AND rate_count IS NOT NULL;
+    DELETE FROM harel_flow_claims
+    WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
+        - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
+END;
+CREATE TRIGGER harel_spawns_rated AFTER UPDATE OF claimed_by ON harel_spawns
+WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
+BEGIN
+    INSERT INTO harel_flow_claims (key, claimed_at)
+    SELECT key, (julianday('now') - 2440587.5) * 86400.0 FROM harel_flows
+    WHERE key = NEW.flow_key AND rate_count IS NOT NULL;
+    DELETE FROM harel_flow_claims
+    WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
+        - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
+END;
+CREATE TRIGGER harel_timers_rated AFTER UPDATE OF claimed_by ON harel_timers
+WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
+BEGIN
+    INSERT INTO harel_flow_claims (key, claimed_at)
+    SELECT key, (julianday('now') - 2440587.5) * 86400.0 FROM harel_flows
+    WHERE key = NEW.flow_key AND rate_count IS NOT NULL;
+    DELETE FROM harel_flow_claims
+    WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
+        - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
+END;

@@ -374,11 +374,9 @@ class LocalConnection:
         guard step fails."""
         results: list[Any] = []
         for index, (query, params) in enumerate(batch.steps):
-            if index in batch.only_if:
-                step, least = batch.only_if[index]
-                if results[step] < least:
-                    results.append(None)
-                    continue
+            if index in batch.only_if and batch.skips(index, results):
+                results.append(None)
+                continue
             # No cursor outlives its step: an unfinished one would block the COMMIT.
             result = self._result(query, self._execute(query, params))
             if not batch.guarded(index, result):  # a guard's kind is "!": rows changed
