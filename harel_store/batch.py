@@ -73,7 +73,7 @@ class Batch:
         if condition is None:
             return False
         step, least, negate = condition
-        return (results[step] < least) != negate
+        return bool(results[step] < least) != negate
 
     def guard(self, name: str, *params: Any, rows: int | None = None) -> int:
         """Append a step that must change a row, or exactly ``rows`` rows (see the class

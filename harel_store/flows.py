@@ -51,7 +51,7 @@ def check_flow_function(value: object) -> FlowKey | None:
     """A store's ``flow_key`` option: None (the root key) or a callable."""
     if value is not None and not callable(value):
         raise TypeError(f"flow_key must be a function of an execution id, not {value!r:.80}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def flow_of(function: FlowKey | None, execution_id: str | None) -> str:
