@@ -496,7 +496,10 @@ class Queues(StoreCore):
     def claim_outbox(
         self, worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
     ) -> Plan[list[OutboxEntry]]:
-        """Claim up to ``limit`` undelivered entries for ``worker``, oldest first.
+        """Claim up to ``limit`` undelivered entries for ``worker``: round-robin across flow
+        keys (one of each key's oldest before a second of any; first in, first out inside a
+        key), honouring the keys' settings (`set_flow`: priority first, pauses, concurrency
+        limits and rates, across every worker), in its one transaction.
 
         No other worker is handed them until the lease (seconds, on the database's clock)
         runs out; then they are claimable again, so a worker that dies loses nothing. Each
@@ -519,8 +522,8 @@ class Queues(StoreCore):
     def claim_spawns(
         self, worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
     ) -> Plan[list[SpawnEntry]]:
-        """Claim up to ``limit`` pending spawns for ``worker``, oldest first (as
-        `claim_outbox`); consume each child created with `ack` or in the child's first
+        """Claim up to ``limit`` pending spawns for ``worker``, round-robin across flow keys
+        and honouring their settings (as `claim_outbox`); consume each child created with `ack` or in the child's first
         commit (``commit(child, [], acks=(spawn,))``)."""
         return (yield from _claim(self._conn.key, "spawn", worker, limit, lease, max_attempts))
 
@@ -541,8 +544,10 @@ class Queues(StoreCore):
         lease: float = 30.0,
         max_attempts: int | None = None,
     ) -> Plan[list[DueTimer]]:
-        """Claim up to ``limit`` timers due at ``now`` for ``worker``, soonest first (leases,
-        attempts and dead letters as `claim_outbox`). Fire each one in a commit with
+        """Claim up to ``limit`` timers due at ``now`` for ``worker``: round-robin across
+        flow keys (each key's soonest first) and honouring their settings (a paused key's
+        timers wait, and fire once resumed); leases, attempts and dead letters as
+        `claim_outbox`. Fire each one in a commit with
         ``processed_event_id=timer.event_id`` and ``acks=(timer,)``; re-arming a timer
         drops its claim."""
         due = check_finite(now, "now")
@@ -552,7 +557,8 @@ class Queues(StoreCore):
     def peek_work(self, now: float) -> Plan[WorkAhead]:
         """What a relay could claim at ``now`` (the caller's clock, as `claim_due_timers`
         takes it), claiming nothing: whether an outbox entry, a spawn and a timer due at
-        ``now`` are claimable, and the soonest timer not due yet. One read, writing nothing
+        ``now`` are claimable (an item of a paused key, or of one at its limit, is not),
+        and the soonest timer not due yet. One read, writing nothing
         (at the primary on an embedded replica: its own copy may lag)."""
         due = check_finite(now, "now")
         row = yield fresh("work_ahead", due)

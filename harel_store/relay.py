@@ -17,6 +17,10 @@ what is claimable (`peek_work`, which writes nothing) when a signal names nothin
 particular, wakes for the soonest armed timer it knows of and for its own failed items'
 retries, and looks every ``poll`` seconds in case a signal was missed.
 
+A relay starts by releasing what its worker id held (`release_worker`): one worker id
+names one process at a time, so a worker restarted under its id after a crash takes up its
+items at once rather than after their leases. Claims honour the flows (`set_flow`).
+
 Delivery is at least once: a handler should consume its item in the commit that handles
 it (``commit(..., processed_event_id=..., acks=(item,))``), which makes a repeat after a
 lost lease harmless.
