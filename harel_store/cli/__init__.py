@@ -14,7 +14,18 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from harel_store import __version__
-from harel_store.cli import dead, demo, executions, fleet, gc, metrics, relays, schema, status
+from harel_store.cli import (
+    dead,
+    demo,
+    executions,
+    fleet,
+    flows,
+    gc,
+    metrics,
+    relays,
+    schema,
+    status,
+)
 from harel_store.cli.common import Command, limit
 from harel_store.cli.output import PROG, Failure, fail
 from harel_store.errors import StoreError
@@ -28,11 +39,16 @@ COMMANDS: list[Command] = [
     *executions.COMMANDS[:3],  # ls, show, trace
     *relays.COMMANDS,
     *dead.COMMANDS,
+    *flows.COMMANDS,  # flow, workers, release
     *executions.COMMANDS[3:],  # purge
     *gc.COMMANDS,
     *schema.COMMANDS[1:],
     *demo.COMMANDS,
 ]
+
+# Flow control runs over a fleet too: a key's settings and a worker's holds are each
+# database's. (fleet.COMMANDS is the list `fleet.run` accepts; this is its one addition.)
+fleet.COMMANDS = (*fleet.COMMANDS, *(c.name for c in flows.COMMANDS))  # type: ignore[assignment]
 
 TOP_HELP = f"""\
 Operate a harel-store database: a local file, a remote libSQL URL or an embedded replica.
@@ -42,9 +58,10 @@ The database is --url, else $HAREL_DATABASE_URL, else $TURSO_DATABASE_URL, else 
 ws(s)://, or Alembic's sqlite+libsql:// form. The auth token for a remote database comes
 from $HAREL_AUTH_TOKEN, else $TURSO_AUTH_TOKEN (or authToken= in the URL); never printed.
 
---fleet FILE runs migrate, status, schema --check, gc or ls on every database FILE names
-(one "NAME DATABASE" per line, # comments), --jobs at once (default 4): each database's
-output under its name, then a summary; the exit status is the worst of them.
+--fleet FILE runs migrate, status, schema --check, gc, ls, flow, workers or release on
+every database FILE names (one "NAME DATABASE" per line, # comments), --jobs at once
+(default 4): each database's output under its name, then a summary; the exit status is
+the worst of them.
 
 --url, --sync-url, --fleet and --jobs go before or after the command (after it wins).
 
@@ -57,7 +74,9 @@ examples:
   {PROG} outbox --limit 20
   {PROG} status --check --max-outbox-age 60s
   {PROG} gc --finished-older-than 90d --markers-older-than 30d --dry-run
+  {PROG} flow set order-1a2b3c4d --concurrency 4 --rate 100/1m
   {PROG} --fleet fleet.txt status --check
+  {PROG} --fleet fleet.txt release --worker relay-1
 
 exit codes: 0 ok, 1 failure, 2 usage error
 """
@@ -148,7 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.set_defaults(run=command.run)
         command.configure(p)
+        for nested in _actions_of(p):  # `flow set ... --url X` as `flow --url X set ...`
+            _global_options(nested, argparse.SUPPRESS)
     return parser
+
+
+def _actions_of(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of a command's own subcommands (``flow ls``, ``flow set``...), if any."""
+    return [
+        nested
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for nested in action.choices.values()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
