@@ -33,6 +33,7 @@ from harel_store.connection.local import check_local_options
 from harel_store.connection.url import server_key
 from harel_store.errors import StoreError
 from harel_store.executions import _wait_args, check_listing
+from harel_store.flows import check_flow_function
 from harel_store.models import Execution, ExecutionPage, ExecutionSummary
 from harel_store.store import LibsqlStore
 
@@ -100,6 +101,7 @@ class _Fleet:
         check_trace_max(options.get("trace_max"))
         check_timeout(options.get("timeout", 30.0), "timeout")
         check_local_options(options.get("synchronous", "FULL"), options.get("busy_timeout", 5.0))
+        check_flow_function(options.get("flow_key"))
         # A remote database is read in a thread of its own (its wait on the server is the
         # cost); local files one after another (libsql holds the GIL through a statement).
         self._remote: set[str] = set()
@@ -235,8 +237,8 @@ class Fleet(_Fleet):
     docstring). ``databases`` maps each name (an id, as execution ids are) to a database as
     `LibsqlStore` takes it (a path or a URL; not ``:memory:``); ``route``, if given, maps an
     execution id to a name; ``auth_token`` and ``options`` (`LibsqlStore`'s: ``timeout``,
-    ``synchronous``, ``busy_timeout``, ``trace_max``, ``migrate``) are the same for every
-    database. Nothing is opened until it is used. Safe to share between threads."""
+    ``synchronous``, ``busy_timeout``, ``trace_max``, ``migrate``, ``flow_key``) are the
+    same for every database. Nothing is opened until it is used. Safe to share between threads."""
 
     def __init__(
         self,
