@@ -11,6 +11,7 @@ before the command runs.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ from harel_store.cli import TOP_HELP, main
 from harel_store.cli.flows import rate, span
 from harel_store.cli.output import when
 from harel_store.models import Flow
-from tests.test_cli import cli, failed, ok
+from tests.test_cli import CLI, cli, failed, ok
 from tests.test_cli_fleet import lines_of, write_fleet
+from tests.test_cli_read_only import digest, read_only, unprivileged
 
 HEADER = ["KEY", "PRIORITY", "CONCURRENCY", "PAUSED", "RATE", "PENDING", "HELD"]
 
@@ -177,6 +179,30 @@ def test_the_database_options_go_before_or_after_the_action(db: str, tmp_path: P
     assert [f.key for f in flows_in(db)] == ["B"]
     line = failed(cli("flow", "ls", "--url", elsewhere))
     assert "missing.db does not exist" in line and not Path(elsewhere).exists()
+
+
+def test_flow_ls_and_workers_read_a_file_they_may_not_write(tmp_path: Path) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    db = seeded(media / "state.db")
+    with LibsqlStore(db) as store:
+        store.set_flow("A", concurrency=1)
+        store.claim_outbox("w1", limit=10, lease=3600.0)
+    try:
+        read_only(media)
+        probe = unprivileged(sys.executable, "-c", f"open({db!r}, 'a')")
+        if "PermissionError" not in probe.stderr:
+            pytest.skip(f"file modes cannot be made to hold here: {probe.stderr[-200:]}")
+        before = digest(media)
+        listed = unprivileged(str(CLI), "flow", "ls", "--url", db)
+        assert rows(ok(listed))[1:] == [["A", "0", "1", "no", "-", "1", "1"]]
+        held = unprivileged(str(CLI), "workers", "--url", db)
+        assert [r[:4] for r in rows(ok(held))[1:]] == [["w1", "2", "0", "0"]]  # B.1 and A's one
+        refused = unprivileged(str(CLI), "flow", "pause", "A", "--url", db)
+        assert "read-only" in failed(refused) or "not writable" in failed(refused)
+        assert digest(media) == before  # nothing written, nothing created
+    finally:
+        media.chmod(0o755)
 
 
 # --- bad values: exit 2, one line, nothing written
