@@ -523,8 +523,8 @@ class Queues(StoreCore):
         self, worker: str, *, limit: int = 100, lease: float = 30.0, max_attempts: int | None = None
     ) -> Plan[list[SpawnEntry]]:
         """Claim up to ``limit`` pending spawns for ``worker``, round-robin across flow keys
-        and honouring their settings (as `claim_outbox`); consume each child created with `ack` or in the child's first
-        commit (``commit(child, [], acks=(spawn,))``)."""
+        and honouring their settings (as `claim_outbox`); consume each child created with
+        `ack` or in the child's first commit (``commit(child, [], acks=(spawn,))``)."""
         return (yield from _claim(self._conn.key, "spawn", worker, limit, lease, max_attempts))
 
     @operation

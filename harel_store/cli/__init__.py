@@ -46,9 +46,6 @@ COMMANDS: list[Command] = [
     *demo.COMMANDS,
 ]
 
-# Flow control runs over a fleet too: a key's settings and a worker's holds are each
-# database's. (fleet.COMMANDS is the list `fleet.run` accepts; this is its one addition.)
-fleet.COMMANDS = (*fleet.COMMANDS, *(c.name for c in flows.COMMANDS))  # type: ignore[assignment]
 
 TOP_HELP = f"""\
 Operate a harel-store database: a local file, a remote libSQL URL or an embedded replica.

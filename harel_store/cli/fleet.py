@@ -41,7 +41,8 @@ from harel_store.migrate import die_with, python_child
 
 __all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
 
-COMMANDS = ("migrate", "status", "schema", "gc", "ls")  # what runs over a fleet
+# What runs over a fleet.
+COMMANDS = ("migrate", "status", "schema", "gc", "ls", "flow", "workers", "release")
 JOBS = 4  # databases at once, unless --jobs says otherwise
 _COMMENT = re.compile(r"(?:^|[ \t])#")  # a '#' that starts the line or follows a blank
 USAGE = 2  # the exit status of a usage error: the command line's, not a database's
