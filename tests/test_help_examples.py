@@ -81,7 +81,8 @@ def seed(path: Path) -> None:
     """What the examples name: order-1a2b3c4d (a finished tree, with a trace, outbox entries
     it emitted and for it, spawns it made), invoice-9f8e7d6c (a leaf with a due timer),
     stuck-42 at version 7 (last updated on 2026-12-01 at 10:30 UTC), the outbox entry 42, the
-    spawn 7 and the timer main.remind of order-1a2b as dead letters."""
+    spawn 7 and the timer main.remind of order-1a2b as dead letters; relay-1 holds three
+    outbox entries for an hour."""
     now = time.time()
     with LibsqlStore(path) as s:
         order = Execution(id="order-1a2b3c4d", definition_id="order", status="finished")
@@ -105,6 +106,7 @@ def seed(path: Path) -> None:
         other = Execution(id="order-1a2b", definition_id="order")
         s.save(other)
         s.commit(other, [], timers=(TimerOp.schedule("main.remind", now - 5),))
+        s.claim_outbox("relay-1", limit=3, lease=3600)  # what `workers` shows, `release` frees
     with closing(sqlite3.connect(path)) as conn, conn:  # the store is closed
         dead = "dead_at = 1.0, attempts = 5, last_error = 'boom'"
         conn.execute(f"UPDATE harel_outbox SET seq = -seq, {dead} WHERE seq = 42")

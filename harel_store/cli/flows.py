@@ -345,7 +345,11 @@ examples:
         f"""One row a worker: its items held by kind, when its latest lease ends (the database's
 clock) and the time left (this machine's clock); a lease run out holds nothing. A worker
 that is gone keeps what it holds until then: `{PROG} release --worker W` hands it back
-at once. --json: a JSON document per worker.""",
+at once. --json: a JSON document per worker.
+
+examples:
+  {PROG} workers
+  {PROG} workers --json | jq .held""",
         workers,
         configure_workers,
     ),
