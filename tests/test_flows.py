@@ -274,6 +274,16 @@ def test_a_higher_priority_key_is_claimed_first(store: Any) -> None:
     assert keys(store.claim_due_timers("w1", NOW, limit=3)) == {"B": 1, "C": 1, "A": 1}
 
 
+def test_a_higher_priority_key_at_its_limit_leaves_the_claim_to_the_others(store: Any) -> None:
+    """H (priority 5, concurrency 1) is served first, but only within its limit: the rest
+    of a claim goes to the keys after it."""
+    stage(store, "H", outbox=10, spawns=3)
+    stage(store, "A", outbox=10, spawns=3)
+    store.set_flow("H", priority=5, concurrency=1)
+    assert keys(store.claim_outbox("w1", limit=5)) == {"H": 1, "A": 4}
+    assert keys(store.claim_spawns("w1", limit=5)) == {"A": 3}
+
+
 def test_a_negative_priority_comes_after_the_keys_without_settings(store: Any) -> None:
     """L (priority -1, its items written first) waits for A and B (no settings)."""
     stage(store, "L", outbox=10, spawns=3, timers=3)
@@ -782,6 +792,88 @@ def test_a_relay_started_under_a_worker_id_first_takes_back_what_it_held(store: 
     assert store.workers() == []
 
 
+class Idle:
+    """A `Relay` (poll 30 s) of a sync store run in a thread, and what it handled."""
+
+    def __init__(self, store: Any) -> None:
+        self.handled: list[OutboxEntry] = []
+        self.relay = Relay(store, "w1", on_outbox=self.handled.append, poll=30.0)
+        self.thread = threading.Thread(target=self.relay.run, daemon=True)
+        self.thread.start()
+        time.sleep(0.3)  # its first rounds found nothing it may claim: it waits
+
+    def woken(self, count: int, by: str) -> None:
+        """``count`` items handled within 1.5 s (the change ``by`` woke the relay)."""
+        changed = time.monotonic()
+        while len(self.handled) < count:
+            took = time.monotonic() - changed
+            assert took < 1.5, f"{by}: {len(self.handled)} of {count} handled after {took:.2f} s"
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self.relay.stop()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
+
+
+SYNC_KINDS = ["libsql-file", "sqlite-file", "libsql-remote", "libsql-replica"]
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_an_idle_relay_wakes_when_a_change_of_flows_makes_room(store: Any) -> None:
+    """A relay whose only work is K's, paused, at its limit or held by another worker,
+    sleeps; a change of flows of this process (a resume, a higher limit, a release_worker
+    of the other worker) wakes it: it handles what is there within 1.5 s."""
+    stage(store, "K", outbox=1)
+    store.pause_flow("K")
+    idle = Idle(store)
+    try:
+        assert idle.handled == []
+        store.resume_flow("K")
+        idle.woken(1, "a resume")
+        store.set_flow("K", concurrency=0)
+        stage(store, "K", outbox=1)
+        time.sleep(0.3)
+        assert len(idle.handled) == 1
+        store.set_flow("K", concurrency=1)
+        idle.woken(2, "a higher limit")
+    finally:
+        idle.stop()
+    stage(store, "K", outbox=1)
+    (held,) = store.claim_outbox("w9")
+    idle = Idle(store)
+    try:
+        assert len(idle.handled) == 0
+        assert store.release_worker("w9") == 1
+        idle.woken(1, "a release_worker")
+    finally:
+        idle.stop()
+    assert [e.seq for e in idle.handled] == [held.seq]
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_an_ack_that_makes_room_wakes_a_relay_at_the_limit(store: Any) -> None:
+    """K (concurrency 1): w9 holds one of its items, so a relay with only K's work sleeps;
+    w9's ack makes room, and the relay handles K's other items within 1.5 s (not at its
+    poll, 30 s)."""
+    stage(store, "K", outbox=3)
+    store.set_flow("K", concurrency=1)
+    (held,) = store.claim_outbox("w9")
+    idle = Idle(store)
+    try:
+        assert idle.handled == []
+        store.ack([held])
+        # BUG: on a server (libsql-remote, libsql-replica) the relay sleeps until its poll:
+        # an ack raises no signal in this process (ack has no _notify), and the server's
+        # watch listens to inserts only (connection/watch.py STREAMS), so room made by an
+        # ack (or by another process's release_worker) wakes no relay there; on a local
+        # file the file's watch hears every commit. With concurrency limits a relay at a
+        # key's limit waits for room another worker makes, which it did not before flows.
+        idle.woken(2, "an ack of w9's item")
+    finally:
+        idle.stop()
+
+
 # --- across processes ---
 
 DRIVERS = {"libsql": LibsqlStore, "sqlite": SqliteStore}
@@ -891,38 +983,49 @@ def test_a_concurrency_limit_holds_across_processes(driver: str, tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("driver", ["libsql", "sqlite"])
-def test_a_resume_from_another_process_wakes_a_waiting_relay(driver: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["libsql-file", "sqlite-file", "libsql-remote"])
+def test_a_resume_from_another_process_wakes_a_waiting_relay(
+    store: Any, kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """A relay (poll 30 s) idle with only a paused key's items to do: another process
     resumes the key, and the relay handles them within 1.5 s of that commit."""
-    db = tmp_path / "flows.db"
-    with DRIVERS[driver](db) as store:
-        stage(store, "P", outbox=2)
-        store.pause_flow("P")
-        handled: list[OutboxEntry] = []
-        relay = Relay(store, "w1", on_outbox=handled.append, poll=30.0)
-        thread = threading.Thread(target=relay.run, daemon=True)
-        thread.start()
-        try:
-            time.sleep(0.3)  # its first rounds found nothing to claim: it waits
-            assert handled == []
-            errors = tmp_path / "stderr"
-            with errors.open("w") as err:
-                child = spawn(
-                    "flow", "resume", driver, str(db), "P", stdout=subprocess.PIPE, stderr=err
-                )
-                assert readline(child, errors) == "resumed\n"
-                resumed = time.monotonic()
-                child.communicate(timeout=WAIT)
-            while len(handled) < 2:
-                assert time.monotonic() - resumed < WAIT, "the relay never woke"
-                time.sleep(0.002)
+    if kind == "libsql-remote":
+        server = request.getfixturevalue("sqld")
+        database = server.url
+        request.getfixturevalue("monkeypatch").setenv("HAREL_FLOW_TOKEN", server.token)
+    else:
+        database = str(tmp_path / "state.db")  # conftest's open_store
+    stage(store, "P", outbox=2)
+    store.pause_flow("P")
+    handled: list[OutboxEntry] = []
+    relay = Relay(store, "w1", on_outbox=handled.append, poll=30.0)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)  # its first rounds found nothing to claim: it waits
+        assert handled == []
+        errors = tmp_path / "stderr"
+        driver = kind.split("-")[0]
+        with errors.open("w") as err:
+            child = spawn(
+                "flow", "resume", driver, database, "P", stdout=subprocess.PIPE, stderr=err
+            )
+            assert readline(child, errors) == "resumed\n"
+            resumed = time.monotonic()
+            child.communicate(timeout=WAIT)
+        # BUG: on a server (libsql-remote) the relay is not woken: the store's watch of a
+        # server listens to inserts into harel_outbox and harel_spawns and to changes of
+        # harel_executions only (connection/watch.py STREAMS), so another process's change
+        # of flows (here a resume, as `harel-store flow resume` makes) waits for the relay's
+        # poll. The contract: "a change of flows is a commit that wakes relays".
+        while len(handled) < 2:
             took = time.monotonic() - resumed
-            assert took < 1.5, f"the relay woke {took:.2f} s after the resume"
-        finally:
-            relay.stop()
-            thread.join(WAIT)
-        assert not thread.is_alive()
+            assert took < 1.5, f"{len(handled)} of 2 handled {took:.2f} s after the resume"
+            time.sleep(0.002)
+    finally:
+        relay.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive()
 
 
 # --- migration 0011 ---

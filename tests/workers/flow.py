@@ -12,6 +12,8 @@ within the time the database had the item held. Prints ``done N`` (N items handl
 
 ``python -m tests.workers.flow resume DRIVER DB KEY``: resumes flow key KEY and prints
 ``resumed`` once the commit returned.
+
+DB is a file, or (DRIVER ``libsql``) a server's URL, its token in $HAREL_FLOW_TOKEN.
 """
 
 from __future__ import annotations
@@ -20,10 +22,19 @@ import os
 import sys
 import time
 
-from tests.workers.common import open_store
+from harel_store import LibsqlStore
+from harel_store.connection import is_remote
+from harel_store.store import Store
+from tests.workers.common import open_store as open_file
 
 NOW = 1e11  # the timer sweep's now: every timer the tests arm is due
 HANDLING = 0.03  # seconds a limit worker holds each item it handles
+
+
+def open_store(driver: str, db: str) -> Store:
+    if is_remote(db):
+        return LibsqlStore(db, auth_token=os.environ["HAREL_FLOW_TOKEN"])
+    return open_file(driver, db)
 
 
 def item_id(kind: str, item: object) -> str:
