@@ -440,6 +440,68 @@ def test_a_lease_that_ran_out_gives_its_room_back(store: Any) -> None:
     assert [e.seq for e in store.claim_outbox("w2")] == [lost.seq]
 
 
+def at_max_attempts(store: Any, how: str) -> OutboxEntry:
+    """Key A with 5 entries (older) that no claim may take (``how``: A paused, or at its
+    limit, 1, held by w9), and B's one entry claimed and failed once: at max_attempts 1."""
+    stage(store, "A", outbox=5)
+    stage(store, "B", outbox=1)
+    if how == "paused":
+        store.pause_flow("A")
+    else:
+        store.set_flow("A", concurrency=1)
+        store.claim_outbox("w9", limit=1)
+    (entry,) = store.claim_outbox("w1", max_attempts=1)
+    assert key_of(entry) == "B"
+    store.fail("w1", [entry], error="boom", retry_in=0.0)
+    return entry
+
+
+@pytest.mark.parametrize("how", ["paused", "at-limit"])
+def test_an_item_at_max_attempts_behind_work_no_claim_may_take_becomes_dead(
+    store: Any, how: str
+) -> None:
+    """A claim at max_attempts does not hand out B's entry (its attempts reached it): it
+    makes it a dead letter, however many of A's older entries it may not take."""
+    entry = at_max_attempts(store, how)
+    assert store.claim_outbox("w1", limit=2, max_attempts=1) == []
+    # BUG: the dead letters' sweep (mark_dead_outbox, likewise spawns and timers) looks at
+    # the oldest ?2 (the claim's limit) claimable rows by seq, flows ignored: A's paused (or
+    # at-limit) entries fill it, so B's entry is neither claimed (attempts >= max) nor made
+    # dead, claim after claim, as long as A has `limit` entries older than it.
+    assert [d.item.seq for d in store.dead_letters()] == [entry.seq]
+    assert store.peek_work(NOW) == NOTHING
+
+
+@pytest.mark.parametrize("kind", ["libsql-file", "sqlite-file"])
+@pytest.mark.parametrize("how", ["paused", "at-limit"])
+def test_a_relay_does_not_spin_on_an_item_at_max_attempts(store: Any, how: str) -> None:
+    """A relay (max_attempts 1, 2 items a round, poll 30 s) over the state above: it makes
+    B's entry a dead letter and sleeps, a few claims in half a second, not hundreds."""
+    at_max_attempts(store, how)
+    claims: list[float] = []
+    claim_work = store.claim_work
+
+    def counted(*args: Any, **options: Any) -> Any:
+        claims.append(time.monotonic())
+        return claim_work(*args, **options)
+
+    store.claim_work = counted  # the relay's rounds call the store's claim_work
+    relay = Relay(store, "w1", on_outbox=lambda e: None, batch=2, max_attempts=1, poll=30.0)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+    finally:
+        relay.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    # BUG: as above, and the relay claims again at once after each empty claim, as
+    # claim_work's ahead (work_ahead_flows, attempts not looked at) says B's entry is
+    # claimable: a write transaction every millisecond or so, for as long as A waits.
+    assert len(claims) <= 5, f"{len(claims)} claims in 0.5 s"
+    assert len(store.dead_letters()) == 1
+
+
 # --- rate ---
 
 
@@ -448,18 +510,19 @@ def test_a_rate_counts_claims_of_every_kind_and_acks_give_none_back(store: Any) 
     make room. Once the window is over (its claims moved back), three more."""
     stage(store, "K", outbox=4, spawns=4, timers=4)
     store.set_flow("K", rate=(3, 600.0))
-    outbox = store.claim_outbox("w1", limit=2)
-    assert len(outbox) == 2
+    timers = store.claim_due_timers("w1", NOW, limit=2)
+    assert len(timers) == 2
     assert len(store.claim_spawns("w1", limit=5)) == 1
-    assert store.claim_due_timers("w1", NOW) == []
-    store.ack(outbox)
+    assert store.claim_outbox("w1") == []
+    store.ack(timers)
     assert every(store.claim_work("w2", NOW)) == []
     assert store.peek_work(NOW) == NOTHING
     db = raw(store)
     db.execute("UPDATE harel_flow_claims SET claimed_at = claimed_at - 601")
     db.commit()
     store.sync()
-    assert len(every(store.claim_work("w2", NOW, limit=10))) == 3
+    work = store.claim_work("w2", NOW, limit=10)
+    assert (len(work.outbox), len(work.spawns), len(work.timers)) == (3, 0, 0)
 
 
 def test_a_rate_window_passes_on_the_clock(store: Any) -> None:
