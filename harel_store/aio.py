@@ -218,6 +218,7 @@ class AsyncLibsqlStore:
     clear_flow = awaitable(Store.clear_flow)
     flows = awaitable(Store.flows)
     release_worker = awaitable(Store.release_worker)
+    _restarted = awaitable(Store._restarted)
     workers = awaitable(Store.workers)
 
     async def wait_for(

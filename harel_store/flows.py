@@ -92,6 +92,14 @@ _MARK = ("mark_flowed_outbox", "mark_flowed_spawns", "mark_flowed_timers", "forg
 _SIGNALS = (wakeup.OUTBOX, wakeup.SPAWN, wakeup.TIMER)
 
 
+def _resumed(batch: Batch, key: str, unpaused: bool) -> None:
+    """Add to ``batch``, before the change of ``key``'s row it makes, the new ranks of the
+    key's items should the change resume it (``unpaused``, and it is paused now): they take
+    their turns from where the claims stand, not every claim until they caught up."""
+    for name in ("rerank_outbox", "rerank_spawns"):
+        batch.add(name, key, int(unpaused))
+
+
 class Flows(StoreCore):
     """The operations on flows and workers (`harel_store.store.Store` has them all)."""
 
@@ -135,6 +143,7 @@ class Flows(StoreCore):
             raise TypeError(f"paused must be a bool, not {type(paused).__name__}")
         count, seconds = _check_rate(rate)
         batch = Batch()
+        _resumed(batch, key, not paused)
         batch.add("set_flow", key, priority, concurrency, int(paused), count, seconds)
         _, flow = yield from self._changed(batch, key)
         assert flow is not None  # the row was just written, in the same transaction
@@ -158,6 +167,7 @@ class Flows(StoreCore):
         process: it is a commit like any other). Returns its settings (None: it has none)."""
         check_flow_key(key)
         batch = Batch()
+        _resumed(batch, key, True)
         batch.add("pause_flow", key, 0)
         _, flow = yield from self._changed(batch, key)
         return flow
@@ -168,6 +178,7 @@ class Flows(StoreCore):
         and no longer listed by `flows`. True if it had settings."""
         check_flow_key(key)
         batch = Batch()
+        _resumed(batch, key, True)
         cleared = batch.add("clear_flow", key)
         results, _ = yield from self._changed(batch, key)
         return bool(results[cleared])
@@ -186,12 +197,21 @@ class Flows(StoreCore):
         once, each claim's attempt given back (as `release`). Returns how many. For a worker
         known to be gone (a relay does this as it starts with its id: one worker id names
         one process at a time)."""
-        check_id(worker, "worker")
+        return (yield from self._release_worker(check_id(worker, "worker"), 1))
+
+    @operation
+    def _restarted(self, worker: str) -> Plan[int]:
+        """A relay starting as ``worker``: `release_worker`, each claim's attempt kept (its
+        predecessor may have died of the item: a handler that ends its process still moves
+        the item toward its max_attempts)."""
+        return (yield from self._release_worker(worker, 0))
+
+    def _release_worker(self, worker: str, give_back: int) -> Plan[int]:
         if not (yield fresh("held_by", worker)):
             return 0  # nothing to write (a relay that starts idle writes nothing)
         batch = Batch()
         for name in ("release_worker_outbox", "release_worker_spawns", "release_worker_timers"):
-            batch.add(name, worker)
+            batch.add(name, worker, give_back)
         released = sum((yield batch))
         if released:
             self._notify(_SIGNALS)

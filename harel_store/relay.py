@@ -17,9 +17,10 @@ what is claimable (`peek_work`, which writes nothing) when a signal names nothin
 particular, wakes for the soonest armed timer it knows of and for its own failed items'
 retries, and looks every ``poll`` seconds in case a signal was missed.
 
-A relay starts by releasing what its worker id held (`release_worker`): one worker id
-names one process at a time, so a worker restarted under its id after a crash takes up its
-items at once rather than after their leases. Claims honour the flows (`set_flow`).
+A relay starts by releasing what its worker id held (as `release_worker`, each claim's
+attempt kept: an item that killed its worker still reaches its ``max_attempts``): one worker
+id names one process at a time, so a worker restarted under its id after a crash takes up
+its items at once rather than after their leases. Claims honour the flows (`set_flow`).
 
 Delivery is at least once: a handler should consume its item in the commit that handles
 it (``commit(..., processed_event_id=..., acks=(item,))``), which makes a repeat after a
@@ -268,7 +269,7 @@ def _released(worker: str, count: int) -> None:
     restarted under its id (one id names one process at a time) does not wait out the
     leases of the one that died."""
     if count:
-        log.info("relay %s: released %d items this worker id held before it started", worker, count)
+        log.info("relay %s: released what this worker id held before it started: %d", worker, count)
 
 
 def _unsettled(worker: str, exc: Exception) -> None:
@@ -438,7 +439,7 @@ class Relay:
                     action, wait = schedule.next()
                     try:
                         if failover:  # what this worker id held before it started
-                            _released(self._o.worker, self._store.release_worker(self._o.worker))
+                            _released(self._o.worker, self._store._restarted(self._o.worker))
                             failover = False
                         if action == "claim":
                             self._round(schedule, schedule.todo)
@@ -689,7 +690,7 @@ class AsyncRelay:
                     try:
                         if failover:  # as Relay.run
                             worker = self._o.worker
-                            _released(worker, await self._store.release_worker(worker))
+                            _released(worker, await self._store._restarted(worker))
                             failover = False
                         if action == "claim":
                             claimed = await self._claim(schedule, set(schedule.todo), free)

@@ -944,18 +944,40 @@ WHERE key = ?1 AND NOT EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1 AND rate
 
 -- name: mark_flowed_outbox!
 -- The live items of key ?1 marked as the flows say (flowed: the key has settings), so the
--- claims walk them as they must. One range of harel_*_flow; dead ones are marked when
+-- claims walk them as they must; those marked already are left alone (a change of a key's
+-- settings writes nothing more). One range of harel_*_flow; dead ones are marked when
 -- revived or re-armed.
 UPDATE harel_outbox SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
-WHERE flow_key = ?1 AND seq > 0;
+WHERE flow_key = ?1 AND seq > 0 AND flowed <> EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
 
 -- name: mark_flowed_spawns!
 UPDATE harel_spawns SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
-WHERE flow_key = ?1 AND seq > 0;
+WHERE flow_key = ?1 AND seq > 0 AND flowed <> EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
 
 -- name: mark_flowed_timers!
 UPDATE harel_timers SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1)
-WHERE flow_key = ?1 AND dead_at IS NULL;
+WHERE flow_key = ?1 AND dead_at IS NULL
+  AND flowed <> EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
+
+-- name: rerank_outbox!
+-- A paused key resumed (?2 = 1: the change about to be written leaves key ?1 unpaused,
+-- and its row says paused now): its live items take ranks from where the claims stand
+-- (the flow clock) in their order, as if committed now, so the backlog it kept while
+-- paused takes its turns with the other keys instead of every claim until it caught up.
+UPDATE harel_outbox SET flow_rank = ranked.rank
+FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0)
+             + row_number() OVER (ORDER BY flow_rank, seq) - 1 AS rank
+      FROM harel_outbox WHERE flow_key = ?1 AND seq > 0) AS ranked
+WHERE harel_outbox.seq = ranked.seq
+  AND ?2 AND EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1 AND paused);
+
+-- name: rerank_spawns!
+UPDATE harel_spawns SET flow_rank = ranked.rank
+FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0)
+             + row_number() OVER (ORDER BY flow_rank, seq) - 1 AS rank
+      FROM harel_spawns WHERE flow_key = ?1 AND seq > 0) AS ranked
+WHERE harel_spawns.seq = ranked.seq
+  AND ?2 AND EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1 AND paused);
 
 -- name: flows
 -- row: key text, priority int, concurrency int?, paused int, rate_count int?, rate_seconds real?, pending int, held int
@@ -984,16 +1006,17 @@ SELECT EXISTS (SELECT 1 FROM harel_outbox WHERE claimed_by = ?1 AND claimed_unti
 
 -- name: release_worker_outbox!
 -- Failover: what worker ?1 holds under a live lease is claimable at once, each claim's
--- attempt given back (as release_outbox). One range of harel_*_worker.
-UPDATE harel_outbox SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+-- attempt given back (?2 = 1, as release_outbox) or kept (?2 = 0: a relay restarted under
+-- its id, whose predecessor may have died of the item). One range of harel_*_worker.
+UPDATE harel_outbox SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - ?2, 0)
 WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: release_worker_spawns!
-UPDATE harel_spawns SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+UPDATE harel_spawns SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - ?2, 0)
 WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: release_worker_timers!
-UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
+UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - ?2, 0)
 WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: workers

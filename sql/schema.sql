@@ -214,23 +214,28 @@ SELECT key, priority,
        END
 FROM harel_flows AS f;
 
--- Where the claims stand in the round-robin, per kind: the highest rank claimed so far.
--- A key with no live item starts its next one here (insert_outbox, insert_spawn).
+-- Where the claims stand in the round-robin, per kind: the highest rank claimed so far at
+-- priority 0. A key with no live item starts its next one here (insert_outbox,
+-- insert_spawn), and a paused key's items start here again when it is resumed (rerank_*).
 CREATE TABLE harel_flow_clock (
     kind TEXT PRIMARY KEY,
     rank INTEGER NOT NULL
 ) WITHOUT ROWID;
 INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', 0), ('spawn', 0);
 
--- A claim moves the clock (every claim) and logs itself for a key with a rate (only
--- claims of flowed items run the second: the keys without settings pay nothing for it).
+-- A claim moves the clock, and logs itself for a key with a rate (only claims of flowed
+-- items run the second: the keys without settings pay nothing for it). Only a claim at
+-- priority 0 moves the clock: the keys that wait while a higher priority is served keep
+-- their place, and a key that comes meanwhile joins them there, not behind them.
 CREATE TRIGGER harel_outbox_claimed AFTER UPDATE OF claimed_by ON harel_outbox
 WHEN NEW.claimed_by IS NOT NULL
+    AND (NEW.flowed = 0 OR (SELECT priority FROM harel_flows WHERE key = NEW.flow_key) = 0)
 BEGIN
     UPDATE harel_flow_clock SET rank = NEW.flow_rank WHERE kind = 'outbox' AND rank < NEW.flow_rank;
 END;
 CREATE TRIGGER harel_spawns_claimed AFTER UPDATE OF claimed_by ON harel_spawns
 WHEN NEW.claimed_by IS NOT NULL
+    AND (NEW.flowed = 0 OR (SELECT priority FROM harel_flows WHERE key = NEW.flow_key) = 0)
 BEGIN
     UPDATE harel_flow_clock SET rank = NEW.flow_rank WHERE kind = 'spawn' AND rank < NEW.flow_rank;
 END;
