@@ -226,21 +226,32 @@ def test_spawns_and_due_timers_are_served_round_robin_too(store: Any, settings: 
     ]
 
 
-def test_a_resumed_key_takes_turns_with_the_others(store: Any) -> None:
-    """A key paused while another's items were claimed, then resumed: a claim over it (100
-    pending) and the other (40 pending) serves both round-robin, 10 of each, as any claim
-    over two keys does: it does not hand the resumed key every claim until it caught up."""
+UNPAUSE: dict[str, Callable[[Any, str], object]] = {
+    "resume_flow": lambda store, key: store.resume_flow(key),
+    "set_flow": lambda store, key: store.set_flow(key, priority=0),
+    "clear_flow": lambda store, key: store.clear_flow(key),
+}
+
+
+@pytest.mark.parametrize("unpause", list(UNPAUSE))
+def test_a_resumed_key_takes_turns_with_the_others(store: Any, unpause: str) -> None:
+    """A key paused while another's items were claimed, then unpaused (resume_flow, a
+    set_flow not paused, clear_flow): claims of 20 over it (100 pending) and the other (40
+    pending) serve both in turns, 10 each give or take the one turn a key joining from where
+    the claims stand may take (guarantees.md, "Turns are per rank"), not every claim to the
+    resumed key until its backlog caught up. Spawns likewise."""
     store.pause_flow("A")
-    stage(store, "A", outbox=100)
-    stage(store, "B", outbox=100)
+    stage(store, "A", outbox=100, spawns=100)
+    stage(store, "B", outbox=100, spawns=100)
     for _ in range(3):  # B's items go on while A is paused
         store.ack(store.claim_outbox("w1", limit=20))
-    store.resume_flow("A")
-    # BUG: a key's rank is fixed when its item is written (flow_rank), not "its rank among
-    # its key's claimable items": A's items kept ranks 1..100 while the claims' clock moved
-    # to 60 on B's, so the next claims hand A every item (20 of A, 0 of B) until A is back
-    # at the clock.
-    assert keys(store.claim_outbox("w1", limit=20)) == {"A": 10, "B": 10}
+        store.ack(store.claim_spawns("w1", limit=20))
+    UNPAUSE[unpause](store, "A")
+    for _ in range(2):
+        for claimed in (store.claim_outbox("w1", limit=20), store.claim_spawns("w1", limit=20)):
+            counts = keys(claimed)
+            assert sum(counts.values()) == 20 and 9 <= counts["B"] <= 11, counts
+            store.ack(claimed)
 
 
 def test_a_key_behind_a_higher_priority_is_not_starved_by_an_older_backlog(store: Any) -> None:
@@ -252,8 +263,6 @@ def test_a_key_behind_a_higher_priority_is_not_starved_by_an_older_backlog(store
     stage(store, "A", outbox=30)
     assert keys(store.claim_outbox("w1", limit=30)) == {"H": 30}
     stage(store, "B", outbox=10)
-    # BUG: as above: A's items were ranked 1..30 when written; B's start where the claims
-    # stand (30, after H's), so A's 29 older ranks come first: the claim gives 20 of A, 0 of B.
     assert keys(store.claim_outbox("w1", limit=20)) == {"A": 10, "B": 10}
 
 
@@ -802,14 +811,15 @@ def once(store: Any, worker: str, **handlers: Any) -> int:
     return int(loop.run_until_complete(relay.run_once()))
 
 
-def run_relay(store: Any, worker: str, done: Callable[[], bool], **handlers: Any) -> float:
+def run_relay(store: Any, worker: str, done: Callable[[], bool], **options: Any) -> float:
     """Run a relay of ``store`` as ``worker`` (its ``run``: `Relay` in a thread, or
-    `AsyncRelay` on the async store's loop), poll 30 s, until ``done()``; stop it; return
-    the seconds it took (failing after WAIT)."""
+    `AsyncRelay` on the async store's loop), poll 30 s, ``options`` (its handlers written as
+    plain functions), until ``done()``; stop it; return the seconds it took (failing after
+    WAIT)."""
     aio, loop = getattr(store, "_store", None), getattr(store, "_loop", None)
     start = time.monotonic()
     if aio is None:
-        relay = Relay(store, worker, poll=30.0, **handlers)
+        relay = Relay(store, worker, poll=30.0, **options)
         thread = threading.Thread(target=relay.run, daemon=True)
         thread.start()
         try:
@@ -823,7 +833,7 @@ def run_relay(store: Any, worker: str, done: Callable[[], bool], **handlers: Any
             assert not thread.is_alive()
 
     async def main() -> float:
-        wrapped = {name: coroutine(handler) for name, handler in handlers.items()}
+        wrapped = {k: coroutine(v) if k.startswith("on_") else v for k, v in options.items()}
         relay = AsyncRelay(aio, worker, poll=30.0, **wrapped)
         task = asyncio.ensure_future(relay.run())
         try:
@@ -935,6 +945,23 @@ def test_an_ack_that_makes_room_wakes_a_relay_at_the_limit(store: Any) -> None:
         idle.woken(2, "an ack of w9's item")
     finally:
         idle.stop()
+
+
+def test_a_relay_restarted_under_its_id_keeps_each_attempt(store: Any) -> None:
+    """The release a relay makes as it starts keeps each claim's attempt (a poison item that
+    killed its worker still reaches max_attempts): w1 held K's entry (its first attempt) and
+    died; a relay restarted as w1 with max_attempts=1 makes it a dead letter rather than
+    handle it. (release_worker, an operator's, gives the attempt back: tested above.)"""
+    stage(store, "K", outbox=1)
+    (entry,) = store.claim_outbox("w1", lease=30.0)
+    handled: list[OutboxEntry] = []
+    until = time.monotonic() + 0.5
+    run_relay(
+        store, "w1", lambda: time.monotonic() > until, on_outbox=handled.append, max_attempts=1
+    )
+    assert handled == []
+    assert [(d.item.seq, d.attempts) for d in store.dead_letters()] == [(entry.seq, 1)]
+    assert store.workers() == []
 
 
 # --- across processes ---
