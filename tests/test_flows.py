@@ -449,44 +449,58 @@ def test_a_lease_that_ran_out_gives_its_room_back(store: Any) -> None:
     assert [e.seq for e in store.claim_outbox("w2")] == [lost.seq]
 
 
-def at_max_attempts(store: Any, how: str) -> OutboxEntry:
-    """Key A with 5 entries (older) that no claim may take (``how``: A paused, or at its
-    limit, 1, held by w9), and B's one entry claimed and failed once: at max_attempts 1."""
-    stage(store, "A", outbox=5)
-    stage(store, "B", outbox=1)
+CLAIM: dict[str, Callable[..., list[Any]]] = {
+    "outbox": lambda store, worker, **options: store.claim_outbox(worker, **options),
+    "spawn": lambda store, worker, **options: store.claim_spawns(worker, **options),
+    "timer": lambda store, worker, **options: store.claim_due_timers(worker, NOW, **options),
+}
+
+
+def at_max_attempts(store: Any, how: str, item: str) -> Any:
+    """Key A with 5 items of kind ``item`` (older, or sooner due) that no claim may take
+    (``how``: A paused, or at its limit, 1, held by w9), and B's one item claimed and
+    failed once: at max_attempts 1. Returns B's item."""
+    counts = {"outbox": 0, "spawns": 0, "timers": 0}
+    counts[{"outbox": "outbox", "spawn": "spawns", "timer": "timers"}[item]] = 5
+    stage(store, "A", **counts, fire_at=1.0)
+    counts = {name: min(count, 1) for name, count in counts.items()}
+    stage(store, "B", **counts, fire_at=10.0)
+    claim = CLAIM[item]
     if how == "paused":
         store.pause_flow("A")
     else:
         store.set_flow("A", concurrency=1)
-        store.claim_outbox("w9", limit=1)
-    (entry,) = store.claim_outbox("w1", max_attempts=1)
-    assert key_of(entry) == "B"
-    store.fail("w1", [entry], error="boom", retry_in=0.0)
-    return entry
+        claim(store, "w9", limit=1)
+    (mine,) = claim(store, "w1", max_attempts=1)
+    assert key_of(mine) == "B"
+    store.fail("w1", [mine], error="boom", retry_in=0.0)
+    return mine
 
 
+@pytest.mark.parametrize("item", list(CLAIM))
 @pytest.mark.parametrize("how", ["paused", "at-limit"])
 def test_an_item_at_max_attempts_behind_work_no_claim_may_take_becomes_dead(
-    store: Any, how: str
+    store: Any, how: str, item: str
 ) -> None:
-    """A claim at max_attempts does not hand out B's entry (its attempts reached it): it
-    makes it a dead letter, however many of A's older entries it may not take."""
-    entry = at_max_attempts(store, how)
-    assert store.claim_outbox("w1", limit=2, max_attempts=1) == []
+    """A claim at max_attempts does not hand out B's item (its attempts reached it): it
+    makes it a dead letter, however many of A's older items it may not take. Every kind."""
+    mine = at_max_attempts(store, how, item)
+    assert CLAIM[item](store, "w1", limit=2, max_attempts=1) == []
     # BUG: the dead letters' sweep (mark_dead_outbox, likewise spawns and timers) looks at
     # the oldest ?2 (the claim's limit) claimable rows by seq, flows ignored: A's paused (or
-    # at-limit) entries fill it, so B's entry is neither claimed (attempts >= max) nor made
-    # dead, claim after claim, as long as A has `limit` entries older than it.
-    assert [d.item.seq for d in store.dead_letters()] == [entry.seq]
+    # at-limit) items fill it, so B's item is neither claimed (attempts >= max) nor made
+    # dead, claim after claim, as long as A has `limit` items older than it.
+    assert [(d.kind, d.item) for d in store.dead_letters()] == [(item, mine)]
     assert store.peek_work(NOW) == NOTHING
 
 
 @pytest.mark.parametrize("kind", ["libsql-file", "sqlite-file"])
 @pytest.mark.parametrize("how", ["paused", "at-limit"])
-def test_a_relay_does_not_spin_on_an_item_at_max_attempts(store: Any, how: str) -> None:
+@pytest.mark.parametrize("item", list(CLAIM))
+def test_a_relay_does_not_spin_on_an_item_at_max_attempts(store: Any, how: str, item: str) -> None:
     """A relay (max_attempts 1, 2 items a round, poll 30 s) over the state above: it makes
-    B's entry a dead letter and sleeps, a few claims in half a second, not hundreds."""
-    at_max_attempts(store, how)
+    B's item a dead letter and sleeps, a few claims in half a second, not hundreds."""
+    at_max_attempts(store, how, item)
     claims: list[float] = []
     claim_work = store.claim_work
 
@@ -495,7 +509,8 @@ def test_a_relay_does_not_spin_on_an_item_at_max_attempts(store: Any, how: str) 
         return claim_work(*args, **options)
 
     store.claim_work = counted  # the relay's rounds call the store's claim_work
-    relay = Relay(store, "w1", on_outbox=lambda e: None, batch=2, max_attempts=1, poll=30.0)
+    handlers = {f"on_{kind}": lambda item: None for kind in ("outbox", "spawn", "timer")}
+    relay = Relay(store, "w1", **handlers, batch=2, max_attempts=1, poll=30.0)
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
     try:
@@ -505,7 +520,7 @@ def test_a_relay_does_not_spin_on_an_item_at_max_attempts(store: Any, how: str) 
         thread.join(WAIT)
     assert not thread.is_alive()
     # BUG: as above, and the relay claims again at once after each empty claim, as
-    # claim_work's ahead (work_ahead_flows, attempts not looked at) says B's entry is
+    # claim_work's ahead (work_ahead_flows, attempts not looked at) says B's item is
     # claimable: a write transaction every millisecond or so, for as long as A waits.
     assert len(claims) <= 5, f"{len(claims)} claims in 0.5 s"
     assert len(store.dead_letters()) == 1
