@@ -331,19 +331,33 @@ def _dead_key(
 # Each kind's claim: its statements (the dead letters' sweep, the claim while no flow key
 # has settings, the claim that honours them), how its rows decode, and the order it hands
 # them out in.
-_CLAIMS: dict[DeadKind, tuple[tuple[str, str, str], Any, Any]] = {
-    "outbox": (("mark_dead_outbox", "claim_outbox", "claim_outbox_flows"), outbox_entry, None),
-    "spawn": (("mark_dead_spawns", "claim_spawns", "claim_spawns_flows"), spawn_entry, None),
+_CLAIMS: dict[DeadKind, tuple[tuple[str, str], Any, Any]] = {
+    "outbox": (("mark_dead_outbox", "claim_outbox"), outbox_entry, None),
+    "spawn": (("mark_dead_spawns", "claim_spawns"), spawn_entry, None),
     "timer": (
-        ("mark_dead_timers", "claim_due_timers", "claim_due_timers_flows"),
+        ("mark_dead_timers", "claim_due_timers"),
         due_timer,
         lambda t: (t.fire_at, t.execution_id, t.path),
     ),
 }
 
-# A claim's steps: the dead letters' sweep (None: no max_attempts), and its two statements,
-# of which a local connection runs the one that fits the flows (see queries.sql).
-ClaimSteps = tuple[int | None, int, int]
+# A claim's steps: its dead letters' sweep (None: no max_attempts) and its claim, each as two
+# statements (the plain one, and the _flows one that honours the flows), of which a local
+# connection runs the one that fits (see queries.sql): (plain, honouring) step pairs.
+ClaimSteps = tuple[tuple[int, int] | None, tuple[int, int]]
+
+
+def _add_either(batch: Batch, name: str, flows: int, *params: Any) -> tuple[int, int]:
+    """Add statement ``name`` and its ``name_flows`` twin: the first runs unless step
+    ``flows`` says some key has settings, the second only then."""
+    plain = batch.add(name, *params, unless=(flows, 1))
+    return plain, batch.add(f"{name}_flows", *params, only_if=(flows, 1))
+
+
+def _either(results: Sequence[Any], steps: tuple[int, int]) -> list[Any]:
+    """The rows of the one of two twin statements that ran (or that changed something)."""
+    plain, honouring = steps
+    return (results[plain] or []) + (results[honouring] or [])
 
 
 def _check_claim(worker: str, limit: int, lease: float, max_attempts: int | None) -> float:
@@ -371,10 +385,9 @@ def _add_claim(
     timer = (due,) if kind == "timer" else ()
     mark = None
     if max_attempts is not None:
-        mark = batch.add(names[0], max_attempts, limit, *timer)
-    params = (worker, limit, lease, *timer, max_attempts)
-    plain = batch.add(names[1], *params, unless=(flows, 1))
-    return mark, plain, batch.add(names[2], *params, only_if=(flows, 1))
+        mark = _add_either(batch, names[0], flows, max_attempts, limit, *timer)
+    claim = _add_either(batch, names[1], flows, worker, limit, lease, *timer, max_attempts)
+    return mark, claim
 
 
 # What a claim carries beside each item (0010), and what it is read as when a foreign client
@@ -420,15 +433,15 @@ def _claimed(database: str, kind: DeadKind, results: Sequence[Any], steps: Claim
     """What a claim's steps came to: the dead letters it made logged, its rows decoded (a
     corrupt one logged and left claimed) in the order the claim hands them out, marked as
     ``database``'s."""
-    (mark_name, *_), decode, order = _CLAIMS[kind]
-    mark, plain, honouring = steps
+    (mark_name, _), decode, order = _CLAIMS[kind]
+    mark, claim = steps
     if mark is not None:
-        log_dead(mark_name.removeprefix("mark_dead_"), results[mark])
+        dead = _either(results, mark)
+        log_dead(mark_name.removeprefix("mark_dead_"), dead)
         # Every dead letter is made here, so counted here, once: its last attempt may have
         # been a handler's failure or a worker that died holding it.
-        telemetry.count_kind(kind, len(results[mark]), "dead")
-    rows = (results[plain] or []) + (results[honouring] or [])  # one ran (or changed nothing)
-    items = _carried(database, decoded(rows, decode))
+        telemetry.count_kind(kind, len(dead), "dead")
+    items = _carried(database, decoded(_either(results, claim), decode))
     return stamped(sorted(items, key=order), database)
 
 
@@ -595,8 +608,7 @@ class Queues(StoreCore):
             k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due, flows)
             for k in wanted
         }
-        plain = batch.add("work_ahead", due, unless=(flows, 1))
-        honouring = batch.add("work_ahead_flows", due, only_if=(flows, 1))
+        plain, honouring = _add_either(batch, "work_ahead", flows, due)
         results = yield batch
         key = self._conn.key
         claimed = {k: _claimed(key, k, results, step) for k, step in steps.items()}

@@ -530,10 +530,11 @@ SELECT seq, target_id, event FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT 
 -- both, and the one that does not fit changes nothing. Both sit in the claim's one
 -- transaction, so every worker and process sees a change of settings at its next claim.
 --
--- With a max_attempts, the claim's batch first runs mark_dead_*: of the oldest ?2 rows a
--- claim could take, those whose attempts reached ?1 become dead letters, in the same
--- transaction (RETURNING names them for the log). A row past the limit at max_attempts is
--- passed over by the claim and made dead by a later one, once the rows before it are taken.
+-- With a max_attempts, the claim's batch first runs mark_dead_*: of the first ?2 rows a
+-- claim could take (as it walks them; no row of a paused key, nor of one at its limit),
+-- those whose attempts reached ?1 become dead letters, in the same transaction (RETURNING
+-- names them for the log). A row past the limit at max_attempts is passed over by the claim
+-- and made dead by a later one, once the rows before it are taken.
 
 -- name: mark_dead_outbox
 -- row: seq int, attempts int, last_error text?
@@ -542,11 +543,36 @@ SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
     dead_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE seq IN (
     SELECT seq FROM (
-        SELECT seq, attempts FROM harel_outbox
-        WHERE seq > 0
+        SELECT seq, attempts FROM harel_outbox INDEXED BY harel_outbox_rank
+        WHERE seq > 0 AND flowed = 0
           AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
-        ORDER BY seq LIMIT ?2)
+          AND NOT EXISTS (SELECT 1 FROM harel_flows)
+        ORDER BY flow_rank, seq LIMIT ?2)
     WHERE attempts >= ?1)
+RETURNING -seq, attempts, last_error;
+
+-- name: mark_dead_outbox_flows
+-- row: seq int, attempts int, last_error text?
+-- mark_dead_outbox when some key has settings: the keys without them walked as there, and
+-- each key with room (harel_flow_room) its own first ?2: never an item a claim may not take.
+UPDATE harel_outbox
+SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
+    dead_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq, attempts FROM harel_outbox INDEXED BY harel_outbox_rank
+        WHERE seq > 0 AND flowed = 0
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+          AND EXISTS (SELECT 1 FROM harel_flows)
+        ORDER BY flow_rank, seq LIMIT ?2)
+    WHERE attempts >= ?1
+    UNION ALL
+    SELECT i.seq FROM harel_flow_room AS f CROSS JOIN harel_outbox AS i
+    WHERE (f.room IS NULL OR f.room > 0) AND i.attempts >= ?1 AND i.seq IN (
+        SELECT seq FROM harel_outbox
+        WHERE flow_key = f.key AND seq > 0
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+        ORDER BY flow_rank, seq LIMIT ?2))
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_outbox
@@ -666,11 +692,36 @@ SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
     dead_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE seq IN (
     SELECT seq FROM (
-        SELECT seq, attempts FROM harel_spawns
-        WHERE seq > 0
+        SELECT seq, attempts FROM harel_spawns INDEXED BY harel_spawns_rank
+        WHERE seq > 0 AND flowed = 0
           AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
-        ORDER BY seq LIMIT ?2)
+          AND NOT EXISTS (SELECT 1 FROM harel_flows)
+        ORDER BY flow_rank, seq LIMIT ?2)
     WHERE attempts >= ?1)
+RETURNING -seq, attempts, last_error;
+
+-- name: mark_dead_spawns_flows
+-- row: seq int, attempts int, last_error text?
+-- mark_dead_spawns when some key has settings: the keys without them walked as there, and
+-- each key with room (harel_flow_room) its own first ?2: never an item a claim may not take.
+UPDATE harel_spawns
+SET seq = -seq, claimed_by = NULL, claimed_until = NULL,
+    dead_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq, attempts FROM harel_spawns INDEXED BY harel_spawns_rank
+        WHERE seq > 0 AND flowed = 0
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+          AND EXISTS (SELECT 1 FROM harel_flows)
+        ORDER BY flow_rank, seq LIMIT ?2)
+    WHERE attempts >= ?1
+    UNION ALL
+    SELECT i.seq FROM harel_flow_room AS f CROSS JOIN harel_spawns AS i
+    WHERE (f.room IS NULL OR f.room > 0) AND i.attempts >= ?1 AND i.seq IN (
+        SELECT seq FROM harel_spawns
+        WHERE flow_key = f.key AND seq > 0
+          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+        ORDER BY flow_rank, seq LIMIT ?2))
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_spawns
@@ -766,16 +817,32 @@ ORDER BY fire_at, execution_id, path LIMIT ?2;
 
 -- name: mark_dead_timers
 -- row: execution_id text, path text, fire_at real, attempts int, last_error text?
--- As mark_dead_outbox, for timers due at ?3.
+-- As mark_dead_outbox, for timers due at ?3: of the claimable due ones (all of them, as
+-- their claim reads them), up to ?2 whose attempts reached ?1.
 UPDATE harel_timers
 SET claimed_by = NULL, claimed_until = NULL, dead_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE (execution_id, path) IN (
-    SELECT execution_id, path FROM (
-        SELECT execution_id, path, attempts FROM harel_timers
-        WHERE fire_at <= ?3 AND dead_at IS NULL
-          AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
-        ORDER BY fire_at, execution_id, path LIMIT ?2)
-    WHERE attempts >= ?1)
+    SELECT execution_id, path FROM harel_timers INDEXED BY harel_timers_fire_at
+    WHERE fire_at <= ?3 AND dead_at IS NULL AND attempts >= ?1
+      AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+      AND NOT EXISTS (SELECT 1 FROM harel_flows)
+    ORDER BY fire_at, execution_id, path LIMIT ?2)
+RETURNING execution_id, path, fire_at, attempts, last_error;
+
+-- name: mark_dead_timers_flows
+-- row: execution_id text, path text, fire_at real, attempts int, last_error text?
+-- mark_dead_timers when some key has settings: a timer of a key with settings only while
+-- its key has room.
+UPDATE harel_timers
+SET claimed_by = NULL, claimed_until = NULL, dead_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE (execution_id, path) IN (
+    SELECT execution_id, path FROM harel_timers INDEXED BY harel_timers_fire_at
+    WHERE fire_at <= ?3 AND dead_at IS NULL AND attempts >= ?1
+      AND (claimed_until IS NULL OR claimed_until <= (julianday('now') - 2440587.5) * 86400.0)
+      AND EXISTS (SELECT 1 FROM harel_flows)
+      AND (flowed = 0
+           OR flow_key IN (SELECT key FROM harel_flow_room WHERE room IS NULL OR room > 0))
+    ORDER BY fire_at, execution_id, path LIMIT ?2)
 RETURNING execution_id, path, fire_at, attempts, last_error;
 
 -- name: claim_due_timers

@@ -228,6 +228,9 @@ STREAMS = (
     ("harel_outbox", ("insert",), OUTBOX),
     ("harel_spawns", ("insert",), SPAWN),
     ("harel_executions", ("insert", "update"), EXECUTION),
+    # A change of a key's settings, or room made under its limit (0011): work of any kind
+    # may have become claimable.
+    ("harel_flows", ("insert", "update", "delete"), ANY),
 )
 # sqld sends a keep-alive every 15 s: a stream silent for this long past the store's
 # timeout is taken for broken.

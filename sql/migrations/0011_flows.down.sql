@@ -1,4 +1,10 @@
 -- 0011 undone: the flows, their log and clock, and the items' flow columns go (the items stay).
+DROP TRIGGER harel_outbox_freed;
+DROP TRIGGER harel_outbox_unheld;
+DROP TRIGGER harel_spawns_freed;
+DROP TRIGGER harel_spawns_unheld;
+DROP TRIGGER harel_timers_freed;
+DROP TRIGGER harel_timers_unheld;
 DROP TRIGGER harel_outbox_claimed;
 DROP TRIGGER harel_spawns_claimed;
 DROP TRIGGER harel_outbox_rated;

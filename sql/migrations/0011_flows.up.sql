@@ -58,6 +58,10 @@ WHERE claimed_by IS NOT NULL;
 
 -- The settings of the keys that have some (set_flow). No row: priority 0, no limit, no
 -- rate, not paused. rate_count claims at most per rate_seconds, both NULL or neither.
+-- freed_at: when an item of a key with a concurrency limit last stopped being held (acked,
+-- failed, released: the triggers below), so that a server's change notifications of this
+-- table (a rowid table: sqld sends none of a WITHOUT ROWID one) wake the relays waiting for
+-- its room, as they do on a change of settings.
 CREATE TABLE harel_flows (
     key TEXT PRIMARY KEY,
     priority INTEGER NOT NULL DEFAULT 0,
@@ -65,8 +69,9 @@ CREATE TABLE harel_flows (
     paused INTEGER NOT NULL DEFAULT 0,
     rate_count INTEGER,
     rate_seconds REAL,
-    updated_at REAL
-) WITHOUT ROWID;
+    updated_at REAL,
+    freed_at REAL
+);
 
 -- The claims of the keys with a rate, when they were made (the database's clock), kept for
 -- as long as the key's rate window: a rate counts them, acked or not.
@@ -156,4 +161,42 @@ BEGIN
     DELETE FROM harel_flow_claims
     WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
         - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
+END;
+
+-- An item of a key with a concurrency limit no longer held (see harel_flows.freed_at).
+CREATE TRIGGER harel_outbox_freed AFTER DELETE ON harel_outbox
+WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL
+BEGIN
+    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
+END;
+CREATE TRIGGER harel_outbox_unheld AFTER UPDATE OF claimed_by ON harel_outbox
+WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL
+BEGIN
+    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
+END;
+CREATE TRIGGER harel_spawns_freed AFTER DELETE ON harel_spawns
+WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL
+BEGIN
+    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
+END;
+CREATE TRIGGER harel_spawns_unheld AFTER UPDATE OF claimed_by ON harel_spawns
+WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL
+BEGIN
+    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
+END;
+CREATE TRIGGER harel_timers_freed AFTER DELETE ON harel_timers
+WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL
+BEGIN
+    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
+END;
+CREATE TRIGGER harel_timers_unheld AFTER UPDATE OF claimed_by ON harel_timers
+WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL
+BEGIN
+    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
 END;
