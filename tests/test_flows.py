@@ -1141,7 +1141,8 @@ def test_a_resume_from_another_process_wakes_a_waiting_relay(
 def test_0011_keys_and_ranks_the_items_stored_before_it(how: str, tmp_path: Path) -> None:
     """A database at 0010 with outbox entries (targets A.1, B, A.2, none, A.3), spawns and
     timers, upgraded to head (by the store, or alembic): each item has its root key, each
-    key's entries and spawns ranks 1, 2, 3, ... by seq; the claims serve them round-robin."""
+    key's entries and spawns ranks 1, 2, 3, ... by seq; the claims serve them round-robin.
+    Alembic's downgrade back to 0010 keeps every item."""
     db = tmp_path / "old.db"
     alembic_steps((db, "upgrade", "0010"))
     with closing(sqlite3.connect(db)) as conn, conn:
@@ -1186,3 +1187,12 @@ def test_0011_keys_and_ranks_the_items_stored_before_it(how: str, tmp_path: Path
         assert [s.child_id for s in store.claim_spawns("w1", limit=2)] == ["A.k1", "B.k"]
         store.pause_flow("A")
         assert [t.execution_id for t in store.claim_due_timers("w1", NOW)] == ["B"]
+    if how == "alembic":  # and back: the items stay, claims and all, without their flows
+        alembic_steps((db, "downgrade", "0010"))
+        with closing(sqlite3.connect(db)) as conn:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            assert not {n for n in names if "flow" in n}
+            rows = conn.execute("SELECT seq, claimed_by FROM harel_outbox ORDER BY seq")
+            assert rows.fetchall() == [(1, "w1"), (2, "w1"), (3, None), (4, "w1"), (5, None)]
+            assert conn.execute("SELECT count(*) FROM harel_spawns").fetchone() == (3,)
+            assert conn.execute("SELECT count(*) FROM harel_timers").fetchone() == (3,)
