@@ -486,10 +486,8 @@ def test_an_item_at_max_attempts_behind_work_no_claim_may_take_becomes_dead(
     makes it a dead letter, however many of A's older items it may not take. Every kind."""
     mine = at_max_attempts(store, how, item)
     assert CLAIM[item](store, "w1", limit=2, max_attempts=1) == []
-    # BUG: the dead letters' sweep (mark_dead_outbox, likewise spawns and timers) looks at
-    # the oldest ?2 (the claim's limit) claimable rows by seq, flows ignored: A's paused (or
-    # at-limit) items fill it, so B's item is neither claimed (attempts >= max) nor made
-    # dead, claim after claim, as long as A has `limit` items older than it.
+    # Before 59212e8 the sweep looked at the oldest `limit` claimable rows, flows ignored:
+    # A's items filled it, and B's was neither claimed nor made dead, claim after claim.
     assert [(d.kind, d.item) for d in store.dead_letters()] == [(item, mine)]
     assert store.peek_work(NOW) == NOTHING
 
@@ -519,9 +517,7 @@ def test_a_relay_does_not_spin_on_an_item_at_max_attempts(store: Any, how: str, 
         relay.stop()
         thread.join(WAIT)
     assert not thread.is_alive()
-    # BUG: as above, and the relay claims again at once after each empty claim, as
-    # claim_work's ahead (work_ahead_flows, attempts not looked at) says B's item is
-    # claimable: a write transaction every millisecond or so, for as long as A waits.
+    # Before 59212e8: hundreds of claims (claim_work's ahead said B's item was claimable).
     assert len(claims) <= 5, f"{len(claims)} claims in 0.5 s"
     assert len(store.dead_letters()) == 1
 
@@ -951,12 +947,8 @@ def test_an_ack_that_makes_room_wakes_a_relay_at_the_limit(store: Any) -> None:
     try:
         assert idle.handled == []
         store.ack([held])
-        # BUG: on a server (libsql-remote, libsql-replica) the relay sleeps until its poll:
-        # an ack raises no signal in this process (ack has no _notify), and the server's
-        # watch listens to inserts only (connection/watch.py STREAMS), so room made by an
-        # ack (or by another process's release_worker) wakes no relay there; on a local
-        # file the file's watch hears every commit. With concurrency limits a relay at a
-        # key's limit waits for room another worker makes, which it did not before flows.
+        # Before 59212e8 a server's watch heard inserts only: on a server (and a replica)
+        # the relay slept until its poll.
         idle.woken(2, "an ack of w9's item")
     finally:
         idle.stop()
@@ -1118,11 +1110,8 @@ def test_a_resume_from_another_process_wakes_a_waiting_relay(
             assert readline(child, errors) == "resumed\n"
             resumed = time.monotonic()
             child.communicate(timeout=WAIT)
-        # BUG: on a server (libsql-remote) the relay is not woken: the store's watch of a
-        # server listens to inserts into harel_outbox and harel_spawns and to changes of
-        # harel_executions only (connection/watch.py STREAMS), so another process's change
-        # of flows (here a resume, as `harel-store flow resume` makes) waits for the relay's
-        # poll. The contract: "a change of flows is a commit that wakes relays".
+        # Before 59212e8 a server's watch did not hear a change of flows: on a server the
+        # relay slept until its poll ("a change of flows is a commit that wakes relays").
         while len(handled) < 2:
             took = time.monotonic() - resumed
             assert took < 1.5, f"{len(handled)} of 2 handled {took:.2f} s after the resume"
