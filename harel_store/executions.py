@@ -191,7 +191,8 @@ class Executions(StoreCore):
         keys = self._flow_key
         outbox_keys = [flows.flow_of(keys, target) for target, _ in outbox]
         spawn_keys = [flows.flow_of(keys, child) for child, _, _ in spawn_rows]
-        timer_key = flows.flow_of(keys, exe.id) if timer_ops else ""
+        armed = any(op.action == "schedule" for op in timer_ops)
+        timer_key = flows.flow_of(keys, exe.id) if armed else ""
         trace_json = None if trace is None else dumps(trace, "trace")
         consumed = queues.items_of(acks, "acks", self._conn.key) if acks else None
         traced = telemetry.traceparent() if outbox or spawn_rows or timer_ops else None
@@ -252,7 +253,7 @@ class Executions(StoreCore):
             signals.append(wakeup.OUTBOX)
         if spawn_rows:
             signals.append(wakeup.SPAWN)
-        if any(op.action == "schedule" for op in timer_ops):
+        if armed:
             signals.append(wakeup.TIMER)
         self._notify(signals)
         return [results[i] for i in emitted]

@@ -94,8 +94,9 @@ _SIGNALS = (wakeup.OUTBOX, wakeup.SPAWN, wakeup.TIMER)
 
 def _resumed(batch: Batch, key: str, unpaused: bool) -> None:
     """Add to ``batch``, before the change of ``key``'s row it makes, the new ranks of the
-    key's items should the change resume it (``unpaused``, and it is paused now): they take
-    their turns from where the claims stand, not every claim until they caught up."""
+    key's items should the change leave it ``unpaused`` (and it has settings now: it may
+    have been paused, or held back by a limit): they take their turns from where the claims
+    stand, not every claim until they caught up."""
     for name in ("rerank_outbox", "rerank_spawns"):
         batch.add(name, key, int(unpaused))
 

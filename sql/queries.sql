@@ -1027,16 +1027,16 @@ WHERE flow_key = ?1 AND dead_at IS NULL
   AND flowed <> EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
 
 -- name: rerank_outbox!
--- A paused key resumed (?2 = 1: the change about to be written leaves key ?1 unpaused,
--- and its row says paused now): its live items take ranks from where the claims stand
--- (the flow clock) in their order, as if committed now, so the backlog it kept while
--- paused takes its turns with the other keys instead of every claim until it caught up.
+-- A change of settings that leaves key ?1 unpaused (?2 = 1), of a key that has some now: its
+-- live items take ranks from where the claims stand (the flow clock), in their order, as if
+-- committed now. So a backlog kept while paused, or behind a limit now lifted, takes its
+-- turns with the other keys instead of every claim until it caught up.
 UPDATE harel_outbox SET flow_rank = ranked.rank
 FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0)
              + row_number() OVER (ORDER BY flow_rank, seq) - 1 AS rank
       FROM harel_outbox WHERE flow_key = ?1 AND seq > 0) AS ranked
 WHERE harel_outbox.seq = ranked.seq
-  AND ?2 AND EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1 AND paused);
+  AND ?2 AND EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
 
 -- name: rerank_spawns!
 UPDATE harel_spawns SET flow_rank = ranked.rank
@@ -1044,7 +1044,7 @@ FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spaw
              + row_number() OVER (ORDER BY flow_rank, seq) - 1 AS rank
       FROM harel_spawns WHERE flow_key = ?1 AND seq > 0) AS ranked
 WHERE harel_spawns.seq = ranked.seq
-  AND ?2 AND EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1 AND paused);
+  AND ?2 AND EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
 
 -- name: flows
 -- row: key text, priority int, concurrency int?, paused int, rate_count int?, rate_seconds real?, pending int, held int

@@ -101,6 +101,8 @@ def reset_remote(server: Any) -> None:
         for type_, name in names:
             conn.execute(f"DROP TRIGGER {name}" if type_ == "trigger" else f"DELETE FROM {name}")
         conn.execute("DELETE FROM sqlite_sequence")
+        # The rows a migration seeds, as a fresh database has them (0011's flow clock).
+        conn.execute("INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', 0), ('spawn', 0)")
         conn.commit()
     finally:
         conn.close()

@@ -124,13 +124,15 @@ CREATE TRIGGER harel_outbox_claimed AFTER UPDATE OF claimed_by ON harel_outbox
 WHEN NEW.claimed_by IS NOT NULL
     AND (NEW.flowed = 0 OR (SELECT priority FROM harel_flows WHERE key = NEW.flow_key) = 0)
 BEGIN
-    UPDATE harel_flow_clock SET rank = NEW.flow_rank WHERE kind = 'outbox' AND rank < NEW.flow_rank;
+    INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', NEW.flow_rank)
+    ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
 END;
 CREATE TRIGGER harel_spawns_claimed AFTER UPDATE OF claimed_by ON harel_spawns
 WHEN NEW.claimed_by IS NOT NULL
     AND (NEW.flowed = 0 OR (SELECT priority FROM harel_flows WHERE key = NEW.flow_key) = 0)
 BEGIN
-    UPDATE harel_flow_clock SET rank = NEW.flow_rank WHERE kind = 'spawn' AND rank < NEW.flow_rank;
+    INSERT INTO harel_flow_clock (kind, rank) VALUES ('spawn', NEW.flow_rank)
+    ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
 END;
 CREATE TRIGGER harel_outbox_rated AFTER UPDATE OF claimed_by ON harel_outbox
 WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
