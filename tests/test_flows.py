@@ -266,6 +266,28 @@ def test_a_key_behind_a_higher_priority_is_not_starved_by_an_older_backlog(store
     assert keys(store.claim_outbox("w1", limit=20)) == {"A": 10, "B": 10}
 
 
+def test_a_key_whose_limit_is_lifted_takes_turns_with_the_others(store: Any) -> None:
+    """A key held to one item at a time while another's items were claimed keeps ranks from
+    when it was written; when its limit is lifted (set_flow without one, or clear_flow) its
+    backlog is ranked again from where the claims stand, and the next claims serve both in
+    turns (not every claim to it until it caught up)."""
+    for lift in (lambda: store.set_flow("A"), lambda: store.clear_flow("A")):
+        store.set_flow("A", concurrency=1)
+        stage(store, "A", outbox=100)
+        stage(store, "B", outbox=100)
+        for _ in range(3):
+            claimed = store.claim_outbox("w1", limit=20)
+            assert keys(claimed) == {"A": 1, "B": 19}
+            store.ack(claimed)
+        lift()
+        for _ in range(2):
+            counts = keys(claimed := store.claim_outbox("w1", limit=20))
+            assert sum(counts.values()) == 20 and 9 <= counts["B"] <= 11, counts
+            store.ack(claimed)
+        store.ack(store.pending_outbox())
+        store.clear_flow("A")
+
+
 # --- priority ---
 
 
@@ -746,6 +768,16 @@ def test_a_flow_key_function_that_fails_fails_the_commit_and_writes_nothing(
         assert [e.target_id for e in store.claim_outbox("w1")] == [None]
         store.ack_outbox(store.pending_outbox()[0].seq)
         store.close()  # a replica's file is one store's at a time
+
+
+def test_a_commit_that_only_cancels_timers_calls_no_flow_key_function(open_store: Any) -> None:
+    """Cancelling a timer writes no item, so it needs no key: a failing flow_key function
+    does not fail such a commit (nor one of no item at all)."""
+    store = open_store(flow_key=lambda eid: 1 / 0)
+    exe = Execution(id="exe", definition_id="d")
+    store.commit(exe, [], timers=[TimerOp.cancel("p")])
+    store.commit(exe, [])
+    assert store.load("exe").version == 2  # type: ignore[union-attr]
 
 
 def test_a_flow_key_that_is_not_a_function_is_refused_at_open(open_store: Any) -> None:
