@@ -137,6 +137,22 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "share moved",
         "smoke run, JSON not written",
     ),
+    "flows": (
+        "1. claim cost: claim_outbox(limit=100)",
+        "claim_outbox round-robin, no flows / FIFO",
+        "claim_outbox round-robin, 10 keys paused, 10 at concurrency 2 / FIFO",
+        "keys in a claim of 100: FIFO | round-robin | with flows",
+        "2. trickle latency",
+        "round-robin: B's latency p50 / p99, in rounds",
+        "FIFO (e3ed20a): claims from B's commit to its handler",
+        "the burst: relay CPU an entry (us), this tree | e3ed20a",
+        "3. engine (benchmarks.engine, file, Relay, no flows)",
+        "engine orders/s: this tree / e3ed20a",
+        "engine workers' CPU an order ms",
+        "4. a relay hop's store calls",
+        "commit, 2 spawns + 1 timer: this tree / e3ed20a",
+        "smoke run, JSON not written",
+    ),
 }
 SERVED = {"http_client", "remote", "relays", "engine", "fleet"}  # start their own sqld
 
