@@ -40,15 +40,18 @@ class Batch:
     added with ``unless=(step, least)`` only while it has not (a claim's plain statement,
     while no flow has settings): a local connection skips it otherwise (its result is then
     None); a remote batch cannot branch on a value, so it always runs it, to no effect.
+    A step added with ``remote=True`` serves only a server's change notifications (a file's
+    watch hears every commit): a local connection skips it.
     """
 
-    __slots__ = ("conflict", "guards", "only_if", "steps")
+    __slots__ = ("conflict", "guards", "only_if", "remote", "steps")
 
     def __init__(self) -> None:
         self.steps: list[Statement] = []
         self.guards: dict[int, int | None] = {}  # step -> the rows it must change (None: any)
         # step -> (the earlier step, the least result it needs, whether that skips it instead)
         self.only_if: dict[int, tuple[int, int, bool]] = {}
+        self.remote: set[int] = set()  # steps a local connection skips
         self.conflict: Statement | None = None
 
     def add(
@@ -57,10 +60,13 @@ class Batch:
         *params: Any,
         only_if: tuple[int, int] | None = None,
         unless: tuple[int, int] | None = None,
+        remote: bool = False,
     ) -> int:
         """Append a step; return its index in the batch's result."""
         query = QUERIES[name]
         self.steps.append((query, query.bind(params)))
+        if remote:
+            self.remote.add(len(self.steps) - 1)
         if only_if is not None:
             self.only_if[len(self.steps) - 1] = (*only_if, False)
         if unless is not None:
@@ -69,6 +75,8 @@ class Batch:
 
     def skips(self, index: int, results: Sequence[Any]) -> bool:
         """Whether a local connection skips step ``index``, given the results so far."""
+        if index in self.remote:
+            return True
         condition = self.only_if.get(index)
         if condition is None:
             return False

@@ -213,6 +213,7 @@ class Executions(StoreCore):
             # The acks consume the items as they were before this commit, so what it writes
             # itself stays: a timer it re-arms, even at the time it fired at.
             if consumed is not None:
+                queues.add_freed(batch, consumed)
                 queues.add_each(batch, consumed, "ack")
             emitted = [
                 batch.add("insert_outbox", target, exe.id, event, traced, key)

@@ -211,9 +211,11 @@ class Flows(StoreCore):
         if not (yield fresh("held_by", worker)):
             return 0  # nothing to write (a relay that starts idle writes nothing)
         batch = Batch()
-        for name in ("release_worker_outbox", "release_worker_spawns", "release_worker_timers"):
-            batch.add(name, worker, give_back)
-        released = sum((yield batch))
+        batch.add("touch_held_flows", worker, remote=True)  # room made: see queues.add_freed
+        names = ("release_worker_outbox", "release_worker_spawns", "release_worker_timers")
+        steps = [batch.add(name, worker, give_back) for name in names]
+        results = yield batch
+        released: int = sum(results[step] for step in steps)
         if released:
             self._notify(_SIGNALS)
         return released

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -62,6 +63,8 @@ E = TypeVar("E")
 
 # Each kind's part of its statements' names (ack_outbox, fail_spawns, fail_timer, ...).
 OUTBOX, SPAWNS, TIMERS = "outbox", "spawns", "timer"
+# The verbs whose items stop being held: room under their keys' limits (add_freed).
+_FREEING = frozenset({"ack", "ack_held", "fail", "release"})
 
 
 class Items(NamedTuple):
@@ -140,6 +143,17 @@ def add_each(
     for key in items.timers:
         steps.append(batch.add(name, *held, *key, *args))
     return steps
+
+
+def add_freed(batch: Batch, items: Items) -> None:
+    """Add to ``batch``, before its steps that ack, fail or release ``items``, the mark of
+    the room they make under their keys' limits (touch_flows): a server's change
+    notifications of it wake the relays waiting for that room (a local file's watch hears
+    the commit itself: a local connection skips it)."""
+    if items.outbox or items.spawns or items.timers:
+        timers = json.dumps([[execution_id, path] for execution_id, path, _ in items.timers])
+        outbox, spawns = json.dumps(items.outbox), json.dumps(items.spawns)
+        batch.add("touch_flows", outbox, spawns, timers, remote=True)
 
 
 def held_items(items: Items, steps: list[int], results: Sequence[Any]) -> list[RelayItem]:
@@ -347,11 +361,37 @@ _CLAIMS: dict[DeadKind, tuple[tuple[str, str], Any, Any]] = {
 ClaimSteps = tuple[tuple[int, int] | None, tuple[int, int]]
 
 
-def _add_either(batch: Batch, name: str, flows: int, *params: Any) -> tuple[int, int]:
-    """Add statement ``name`` and its ``name_flows`` twin: the first runs unless step
-    ``flows`` says some key has settings, the second only then."""
+def _add_either(
+    batch: Batch, name: str, flows: int, *params: Any, honouring: tuple[Any, ...] = ()
+) -> tuple[int, int]:
+    """Add statement ``name`` and its ``name_flows`` twin (its parameters followed by
+    ``honouring``): the first runs unless step ``flows`` says some key has settings, the
+    second only then."""
     plain = batch.add(name, *params, unless=(flows, 1))
-    return plain, batch.add(f"{name}_flows", *params, only_if=(flows, 1))
+    return plain, batch.add(f"{name}_flows", *params, *honouring, only_if=(flows, 1))
+
+
+# The clock's advance after a claim of each kind that has one (timers are ranked when claimed),
+# and the log of what a flow-honouring claim of each kind took for keys with a rate.
+_CLOCKS = {"outbox": "advance_clock_outbox", "spawn": "advance_clock_spawns"}
+_LOGS = {
+    "outbox": "log_flow_claims_outbox",
+    "spawn": "log_flow_claims_spawns",
+    "timer": "log_flow_claims_timers",
+}
+
+
+def _claims_batch() -> tuple[Batch, int, int]:
+    """A batch for claims: its first step reads whether some key has settings (which of each
+    claim's twin statements fits), and the token its flow-honouring claims write."""
+    batch = Batch()
+    return batch, batch.add("flows_in_use"), secrets.randbits(62)
+
+
+def _prune_claims(batch: Batch, flows: int) -> None:
+    """End a claims batch: the rate log's rows past their window dropped (only while some
+    key has settings)."""
+    batch.add("prune_flow_claims", only_if=(flows, 1))
 
 
 def _either(results: Sequence[Any], steps: tuple[int, int]) -> list[Any]:
@@ -376,17 +416,22 @@ def _add_claim(
     max_attempts: int | None,
     due: float,
     flows: int,
+    token: int,
 ) -> ClaimSteps:
-    """Add a claim of ``kind`` to ``batch`` (checked by `_check_claim`): given a
-    ``max_attempts``, first the statement that makes dead letters of the rows at it, then
-    the UPDATE ... RETURNING of queries.sql that fits the flows (step ``flows``, a
-    flows_in_use, says whether some key has settings); return their steps."""
+    """Add a claim of ``kind`` to ``batch`` (made by `_claims_batch`, its ``flows`` step and
+    ``token``; checked by `_check_claim`): given a ``max_attempts``, first the statement
+    that makes dead letters of the rows at it, then the UPDATE ... RETURNING of queries.sql
+    that fits the flows, then the clock's advance; return the first two's steps."""
     names = _CLAIMS[kind][0]
     timer = (due,) if kind == "timer" else ()
     mark = None
     if max_attempts is not None:
         mark = _add_either(batch, names[0], flows, max_attempts, limit, *timer)
-    claim = _add_either(batch, names[1], flows, worker, limit, lease, *timer, max_attempts)
+    params = (worker, limit, lease, *timer, max_attempts)
+    claim = _add_either(batch, names[1], flows, *params, honouring=(token,))
+    batch.add(_LOGS[kind], worker, token, only_if=(flows, 1))  # before the next kind's claim
+    if kind in _CLOCKS:
+        _add_either(batch, _CLOCKS[kind], flows, worker)
     return mark, claim
 
 
@@ -456,9 +501,9 @@ def _claim(
 ) -> Plan[list[Any]]:
     """One kind's claim: one write."""
     seconds = _check_claim(worker, limit, lease, max_attempts)
-    batch = Batch()
-    flows = batch.add("flows_in_use")
-    steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due, flows)
+    batch, flows, token = _claims_batch()
+    steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due, flows, token)
+    _prune_claims(batch, flows)
     return _claimed(database, kind, (yield batch), steps)
 
 
@@ -602,12 +647,12 @@ class Queues(StoreCore):
         wanted = [k for k in DEAD_KINDS if k in asked]
         if asked - set(DEAD_KINDS) or not wanted:
             raise ValueError(f"kinds must name some of {', '.join(DEAD_KINDS)}, not {asked}")
-        batch = Batch()
-        flows = batch.add("flows_in_use")
+        batch, flows, token = _claims_batch()
         steps = {
-            k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due, flows)
+            k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due, flows, token)
             for k in wanted
         }
+        _prune_claims(batch, flows)
         plain, honouring = _add_either(batch, "work_ahead", flows, due)
         results = yield batch
         key = self._conn.key
@@ -710,6 +755,8 @@ class Queues(StoreCore):
         """``verb`` of every item in one write (``args`` after each item's key, as
         `add_each` lays them out); how many rows it changed."""
         batch = Batch()
+        if verb in _FREEING:
+            add_freed(batch, items)
         steps = add_each(batch, items, verb, *args, worker=worker)
         if not steps:
             return 0

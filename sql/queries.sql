@@ -599,7 +599,8 @@ RETURNING seq, target_id, event, created_at, traceparent;
 -- "Flow control" below). The keys without settings are walked as claim_outbox walks them;
 -- each key with room (harel_flow_room) is walked on its own, by rank, up to its room, the
 -- walks merged by priority, rank and seq (a recursive query whose queue is ordered: it stops
--- once ?2 rows came out); the two merged the same way.
+-- once ?2 rows came out); the two merged the same way. ?5: the claim's token, by which its
+-- batch logs what it took for the keys with a rate (log_flow_claims).
 WITH RECURSIVE
     flow (key, priority, room) AS MATERIALIZED (
         SELECT key, priority, min(coalesce(room, ?2), ?2) FROM harel_flow_room),
@@ -617,7 +618,7 @@ WITH RECURSIVE
         ORDER BY 2 DESC, 5, 6 LIMIT ?2 + (SELECT count(*) FROM flow WHERE room > 0))
 UPDATE harel_outbox
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
-    attempts = attempts + 1
+    attempts = attempts + 1, claim_token = ?5
 WHERE seq IN (
     SELECT seq FROM (
         SELECT * FROM (
@@ -757,7 +758,7 @@ WITH RECURSIVE
         ORDER BY 2 DESC, 5, 6 LIMIT ?2 + (SELECT count(*) FROM flow WHERE room > 0))
 UPDATE harel_spawns
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
-    attempts = attempts + 1
+    attempts = attempts + 1, claim_token = ?5
 WHERE seq IN (
     SELECT seq FROM (
         SELECT * FROM (
@@ -869,11 +870,11 @@ RETURNING execution_id, path, fire_at, traceparent;
 -- name: claim_due_timers_flows
 -- row: execution_id text, path text, fire_at real, traceparent any
 -- claim_due_timers when some key has settings: a timer of a key with settings only within
--- its room, by its key's priority first.
+-- its room, by its key's priority first. ?6: the claim's token (as claim_outbox_flows).
 WITH flow (key, priority, room) AS MATERIALIZED (SELECT key, priority, room FROM harel_flow_room)
 UPDATE harel_timers
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
-    attempts = attempts + 1
+    attempts = attempts + 1, claim_token = ?6
 WHERE (execution_id, path) IN (
     SELECT execution_id, path FROM (
         SELECT t.execution_id, t.path, t.fire_at, coalesce(f.priority, 0) AS priority, f.room,
@@ -922,6 +923,104 @@ WHERE execution_id = ? AND path = ? AND fire_at = ?;
 UPDATE harel_timers SET claimed_by = NULL, claimed_until = NULL, attempts = max(attempts - 1, 0)
 WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
   AND claimed_until > (julianday('now') - 2440587.5) * 86400.0;
+
+-- What a claim's batch writes beside its claims: where the claims stand (the clock) and, for
+-- the keys with a rate, what it took. Statements of the batch, not triggers: a trigger is
+-- compiled into every statement that writes its column, and libsql compiles each statement
+-- at each call.
+
+-- name: advance_clock_outbox!
+-- The flow clock moved to the highest rank worker ?1 holds of the keys without settings: one
+-- seek of harel_outbox_worker. Only ever forward (what it holds from before is below it).
+INSERT INTO harel_flow_clock (kind, rank)
+SELECT 'outbox', r FROM (
+    SELECT max(flow_rank) AS r FROM harel_outbox WHERE claimed_by = ?1 AND flowed = 0) WHERE r IS NOT NULL
+ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
+
+-- name: advance_clock_outbox_flows!
+-- advance_clock_outbox when some key has settings: the keys at priority 0 with settings
+-- count too (the keys that wait behind a higher priority keep their place). Reads what
+-- worker ?1 holds.
+INSERT INTO harel_flow_clock (kind, rank)
+SELECT 'outbox', r FROM (
+    SELECT max(flow_rank) AS r FROM harel_outbox AS i
+    WHERE claimed_by = ?1
+      AND (flowed = 0 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = i.flow_key AND priority = 0)))
+WHERE r IS NOT NULL
+ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
+
+-- name: advance_clock_spawns!
+INSERT INTO harel_flow_clock (kind, rank)
+SELECT 'spawn', r FROM (
+    SELECT max(flow_rank) AS r FROM harel_spawns WHERE claimed_by = ?1 AND flowed = 0) WHERE r IS NOT NULL
+ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
+
+-- name: advance_clock_spawns_flows!
+INSERT INTO harel_flow_clock (kind, rank)
+SELECT 'spawn', r FROM (
+    SELECT max(flow_rank) AS r FROM harel_spawns AS i
+    WHERE claimed_by = ?1
+      AND (flowed = 0 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = i.flow_key AND priority = 0)))
+WHERE r IS NOT NULL
+ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
+
+-- name: log_flow_claims_outbox!
+-- What the flow-honouring claim of token ?2 took for worker ?1, of the keys with a rate: a
+-- row each in their log (a rate counts them, acked or not), written at once, so the claims
+-- of the other kinds in the same batch count them. Each key with a rate seeks the few items
+-- it holds.
+INSERT INTO harel_flow_claims (key, claimed_at)
+SELECT i.flow_key, (julianday('now') - 2440587.5) * 86400.0
+FROM harel_flows AS f CROSS JOIN harel_outbox AS i
+WHERE f.rate_count IS NOT NULL AND i.flow_key = f.key AND i.claimed_by IS NOT NULL
+  AND i.flowed = 1 AND i.claimed_until > (julianday('now') - 2440587.5) * 86400.0 AND i.claimed_by = ?1 AND i.claim_token = ?2;
+
+-- name: log_flow_claims_spawns!
+INSERT INTO harel_flow_claims (key, claimed_at)
+SELECT i.flow_key, (julianday('now') - 2440587.5) * 86400.0
+FROM harel_flows AS f CROSS JOIN harel_spawns AS i
+WHERE f.rate_count IS NOT NULL AND i.flow_key = f.key AND i.claimed_by IS NOT NULL
+  AND i.flowed = 1 AND i.claimed_until > (julianday('now') - 2440587.5) * 86400.0 AND i.claimed_by = ?1 AND i.claim_token = ?2;
+
+-- name: log_flow_claims_timers!
+INSERT INTO harel_flow_claims (key, claimed_at)
+SELECT i.flow_key, (julianday('now') - 2440587.5) * 86400.0
+FROM harel_flows AS f CROSS JOIN harel_timers AS i
+WHERE f.rate_count IS NOT NULL AND i.flow_key = f.key AND i.claimed_by IS NOT NULL
+  AND i.flowed = 1 AND i.claimed_until > (julianday('now') - 2440587.5) * 86400.0 AND i.claimed_by = ?1 AND i.claim_token = ?2;
+
+-- name: prune_flow_claims!
+-- The rate log's rows no window counts any more (a key's, or one with no rate now): a
+-- claims batch ends with it while some key has settings.
+DELETE FROM harel_flow_claims
+WHERE claimed_at <= (julianday('now') - 2440587.5) * 86400.0
+    - coalesce((SELECT rate_seconds FROM harel_flows WHERE key = harel_flow_claims.key), 0);
+
+-- name: touch_flows!
+-- Room made under a limit (an ack, a fail, a release of held items: outbox entries of the
+-- JSON array of seqs ?1, spawns of ?2, timers of ?3's [execution_id, path] pairs): the
+-- limited keys among theirs marked freed now, so that a server's change notifications wake
+-- the relays waiting for that room (a file's watch hears every commit). Run before the items
+-- go, by a batch that runs it only while some key has settings.
+UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE concurrency IS NOT NULL AND key IN (
+    SELECT flow_key FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?1)) AND flowed = 1
+    UNION ALL
+    SELECT flow_key FROM harel_spawns WHERE seq IN (SELECT value FROM json_each(?2)) AND flowed = 1
+    UNION ALL
+    SELECT t.flow_key FROM json_each(?3) AS j JOIN harel_timers AS t
+    ON t.execution_id = json_extract(j.value, '$[0]') AND t.path = json_extract(j.value, '$[1]')
+    WHERE t.flowed = 1);
+
+-- name: touch_held_flows!
+-- As touch_flows, for every limited key of what worker ?1 holds (release_worker).
+UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE concurrency IS NOT NULL AND key IN (
+    SELECT flow_key FROM harel_outbox WHERE claimed_by = ?1 AND flowed = 1
+    UNION ALL
+    SELECT flow_key FROM harel_spawns WHERE claimed_by = ?1 AND flowed = 1
+    UNION ALL
+    SELECT flow_key FROM harel_timers WHERE claimed_by = ?1 AND flowed = 1);
 
 -- name: work_ahead=
 -- row: outbox int, spawns int, timers int, next_timer_at real?, flows int

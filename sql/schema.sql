@@ -68,7 +68,8 @@ CREATE TABLE harel_outbox (
     -- keys, and whether its key has settings in harel_flows (set_flow writes it).
     flow_key TEXT NOT NULL DEFAULT '',
     flow_rank INTEGER NOT NULL DEFAULT 0,
-    flowed INTEGER NOT NULL DEFAULT 0
+    flowed INTEGER NOT NULL DEFAULT 0,
+    claim_token INTEGER -- the flow-honouring claim that took it last (log_flow_claims_*)
 );
 
 CREATE INDEX harel_outbox_target ON harel_outbox (target_id);
@@ -97,6 +98,7 @@ CREATE TABLE harel_timers (
     traceparent TEXT,
     flow_key TEXT NOT NULL DEFAULT '', -- timers are ranked when claimed: no flow_rank
     flowed INTEGER NOT NULL DEFAULT 0,
+    claim_token INTEGER,
     PRIMARY KEY (execution_id, path)
 ) WITHOUT ROWID;
 
@@ -122,7 +124,8 @@ CREATE TABLE harel_spawns (
     traceparent TEXT,
     flow_key TEXT NOT NULL DEFAULT '',
     flow_rank INTEGER NOT NULL DEFAULT 0,
-    flowed INTEGER NOT NULL DEFAULT 0
+    flowed INTEGER NOT NULL DEFAULT 0,
+    claim_token INTEGER -- the flow-honouring claim that took it last (log_flow_claims_*)
 );
 
 CREATE INDEX harel_spawns_parent ON harel_spawns (parent_id);
@@ -160,10 +163,11 @@ CREATE INDEX harel_spawns_flow_held ON harel_spawns (flow_key, claimed_until)
 WHERE claimed_by IS NOT NULL AND flowed = 1;
 CREATE INDEX harel_timers_flow_held ON harel_timers (flow_key, claimed_until)
 WHERE claimed_by IS NOT NULL AND flowed = 1;
--- What each worker holds: workers() and release_worker (a relay's start).
-CREATE INDEX harel_outbox_worker ON harel_outbox (claimed_by, claimed_until)
+-- What each worker holds: workers() and release_worker (a relay's start), and the highest
+-- rank a worker holds (the clock's advance after its claim: one seek).
+CREATE INDEX harel_outbox_worker ON harel_outbox (claimed_by, flowed, flow_rank)
 WHERE claimed_by IS NOT NULL;
-CREATE INDEX harel_spawns_worker ON harel_spawns (claimed_by, claimed_until)
+CREATE INDEX harel_spawns_worker ON harel_spawns (claimed_by, flowed, flow_rank)
 WHERE claimed_by IS NOT NULL;
 CREATE INDEX harel_timers_worker ON harel_timers (claimed_by, claimed_until)
 WHERE claimed_by IS NOT NULL;
@@ -171,9 +175,9 @@ WHERE claimed_by IS NOT NULL;
 -- The settings of the keys that have some (set_flow). No row: priority 0, no limit, no
 -- rate, not paused. rate_count claims at most per rate_seconds, both NULL or neither.
 -- freed_at: when an item of a key with a concurrency limit last stopped being held (acked,
--- failed, released: the triggers below), so that a server's change notifications of this
--- table (a rowid table: sqld sends none of a WITHOUT ROWID one) wake the relays waiting for
--- its room, as they do on a change of settings.
+-- failed, released: touch_flows), so that a server's change notifications of this table (a
+-- rowid table: sqld sends none of a WITHOUT ROWID one) wake the relays waiting for its
+-- room, as they do on a change of settings.
 CREATE TABLE harel_flows (
     key TEXT PRIMARY KEY,
     priority INTEGER NOT NULL DEFAULT 0,
@@ -220,97 +224,11 @@ SELECT key, priority,
 FROM harel_flows AS f;
 
 -- Where the claims stand in the round-robin, per kind: the highest rank claimed so far at
--- priority 0. A key with no live item starts its next one here (insert_outbox,
--- insert_spawn), and a paused key's items start here again when it is resumed (rerank_*).
+-- priority 0 (a claim's batch moves it: advance_clock_*). A key with no live item starts its
+-- next one here (insert_outbox, insert_spawn), and a key's backlog starts here again when it
+-- is unpaused or its limit lifted (rerank_*).
 CREATE TABLE harel_flow_clock (
     kind TEXT PRIMARY KEY,
     rank INTEGER NOT NULL
 ) WITHOUT ROWID;
 INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', 0), ('spawn', 0);
-
--- A claim moves the clock, and logs itself for a key with a rate (only claims of flowed
--- items run the second: the keys without settings pay nothing for it). Only a claim at
--- priority 0 moves the clock: the keys that wait while a higher priority is served keep
--- their place, and a key that comes meanwhile joins them there, not behind them.
-CREATE TRIGGER harel_outbox_claimed AFTER UPDATE OF claimed_by ON harel_outbox
-WHEN NEW.claimed_by IS NOT NULL
-    AND (NEW.flowed = 0 OR (SELECT priority FROM harel_flows WHERE key = NEW.flow_key) = 0)
-BEGIN
-    INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', NEW.flow_rank)
-    ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
-END;
-CREATE TRIGGER harel_spawns_claimed AFTER UPDATE OF claimed_by ON harel_spawns
-WHEN NEW.claimed_by IS NOT NULL
-    AND (NEW.flowed = 0 OR (SELECT priority FROM harel_flows WHERE key = NEW.flow_key) = 0)
-BEGIN
-    INSERT INTO harel_flow_clock (kind, rank) VALUES ('spawn', NEW.flow_rank)
-    ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
-END;
-CREATE TRIGGER harel_outbox_rated AFTER UPDATE OF claimed_by ON harel_outbox
-WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
-BEGIN
-    INSERT INTO harel_flow_claims (key, claimed_at)
-    SELECT key, (julianday('now') - 2440587.5) * 86400.0 FROM harel_flows
-    WHERE key = NEW.flow_key AND rate_count IS NOT NULL;
-    DELETE FROM harel_flow_claims
-    WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
-        - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
-END;
-CREATE TRIGGER harel_spawns_rated AFTER UPDATE OF claimed_by ON harel_spawns
-WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
-BEGIN
-    INSERT INTO harel_flow_claims (key, claimed_at)
-    SELECT key, (julianday('now') - 2440587.5) * 86400.0 FROM harel_flows
-    WHERE key = NEW.flow_key AND rate_count IS NOT NULL;
-    DELETE FROM harel_flow_claims
-    WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
-        - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
-END;
-CREATE TRIGGER harel_timers_rated AFTER UPDATE OF claimed_by ON harel_timers
-WHEN NEW.claimed_by IS NOT NULL AND NEW.flowed = 1
-BEGIN
-    INSERT INTO harel_flow_claims (key, claimed_at)
-    SELECT key, (julianday('now') - 2440587.5) * 86400.0 FROM harel_flows
-    WHERE key = NEW.flow_key AND rate_count IS NOT NULL;
-    DELETE FROM harel_flow_claims
-    WHERE key = NEW.flow_key AND claimed_at <= (julianday('now') - 2440587.5) * 86400.0
-        - (SELECT rate_seconds FROM harel_flows WHERE key = NEW.flow_key);
-END;
-
--- An item of a key with a concurrency limit no longer held (see harel_flows.freed_at).
-CREATE TRIGGER harel_outbox_freed AFTER DELETE ON harel_outbox
-WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL
-BEGIN
-    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
-    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
-END;
-CREATE TRIGGER harel_outbox_unheld AFTER UPDATE OF claimed_by ON harel_outbox
-WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL
-BEGIN
-    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
-    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
-END;
-CREATE TRIGGER harel_spawns_freed AFTER DELETE ON harel_spawns
-WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL
-BEGIN
-    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
-    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
-END;
-CREATE TRIGGER harel_spawns_unheld AFTER UPDATE OF claimed_by ON harel_spawns
-WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL
-BEGIN
-    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
-    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
-END;
-CREATE TRIGGER harel_timers_freed AFTER DELETE ON harel_timers
-WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL
-BEGIN
-    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
-    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
-END;
-CREATE TRIGGER harel_timers_unheld AFTER UPDATE OF claimed_by ON harel_timers
-WHEN OLD.flowed = 1 AND OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL
-BEGIN
-    UPDATE harel_flows SET freed_at = (julianday('now') - 2440587.5) * 86400.0
-    WHERE key = OLD.flow_key AND concurrency IS NOT NULL;
-END;

@@ -42,6 +42,9 @@ HOT = {
     "release_worker_outbox", "release_worker_spawns", "release_worker_timers", "workers",
     "mark_flowed_outbox", "mark_flowed_spawns", "mark_flowed_timers", "flows",
     "mark_dead_outbox_flows", "mark_dead_spawns_flows", "mark_dead_timers_flows",
+    "advance_clock_outbox", "advance_clock_outbox_flows", "advance_clock_spawns",
+    "advance_clock_spawns_flows", "log_flow_claims_outbox", "log_flow_claims_spawns",
+    "log_flow_claims_timers", "prune_flow_claims", "touch_flows", "touch_held_flows",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
 # and its live ones from seq 1 up (a dead letter's seq is negated, below them), so reading it
@@ -66,7 +69,8 @@ RANKED = {
 }
 # What may be scanned: whether some key has settings (EXISTS: the first row ends it), and a
 # walk of the keys with settings (each key with room then seeks its own rows).
-SMALL = ("SCAN harel_flows", "SCAN harel_flows USING COVERING INDEX sqlite_autoindex_harel_flows_1",
+SMALL = ("SCAN harel_flow_claims",  # the rate log: what the windows of the keys with a rate hold
+         "SCAN harel_flows", "SCAN harel_flows USING COVERING INDEX sqlite_autoindex_harel_flows_1",
          "SCAN harel_outbox USING INDEX harel_outbox_rank",
          "SCAN harel_spawns USING INDEX harel_spawns_rank")  # fmt: skip
 LISTINGS = {

@@ -374,7 +374,7 @@ class LocalConnection:
         guard step fails."""
         results: list[Any] = []
         for index, (query, params) in enumerate(batch.steps):
-            if index in batch.only_if and batch.skips(index, results):
+            if (index in batch.only_if or index in batch.remote) and batch.skips(index, results):
                 results.append(None)
                 continue
             # No cursor outlives its step: an unfinished one would block the COMMIT.

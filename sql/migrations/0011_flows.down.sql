@@ -1,15 +1,4 @@
 -- 0011 undone: the flows, their log and clock, and the items' flow columns go (the items stay).
-DROP TRIGGER harel_outbox_freed;
-DROP TRIGGER harel_outbox_unheld;
-DROP TRIGGER harel_spawns_freed;
-DROP TRIGGER harel_spawns_unheld;
-DROP TRIGGER harel_timers_freed;
-DROP TRIGGER harel_timers_unheld;
-DROP TRIGGER harel_outbox_claimed;
-DROP TRIGGER harel_spawns_claimed;
-DROP TRIGGER harel_outbox_rated;
-DROP TRIGGER harel_spawns_rated;
-DROP TRIGGER harel_timers_rated;
 DROP VIEW harel_flow_room;
 DROP TABLE harel_flow_clock;
 DROP TABLE harel_flow_claims;
@@ -33,3 +22,6 @@ ALTER TABLE harel_spawns DROP COLUMN flow_rank;
 ALTER TABLE harel_spawns DROP COLUMN flowed;
 ALTER TABLE harel_timers DROP COLUMN flow_key;
 ALTER TABLE harel_timers DROP COLUMN flowed;
+ALTER TABLE harel_outbox DROP COLUMN claim_token;
+ALTER TABLE harel_spawns DROP COLUMN claim_token;
+ALTER TABLE harel_timers DROP COLUMN claim_token;
