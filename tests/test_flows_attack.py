@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from harel_store import Flow, LibsqlStore, SqliteStore
+from harel_store import Flow, LibsqlStore
 from tests.helpers import ROOT, alembic_steps, raw
 from tests.test_claims import elapse
 from tests.test_flows import NOW, every, key_of, keys, stage
-from tests.test_flows import store as store  # noqa: F401  (the fixture: the clock seeded)
+from tests.test_flows import store as store  # the fixture: the flow clock seeded on a server
 
 LOCAL_KINDS = ["libsql-file", "sqlite-file"]
 SYNC_KINDS = ["libsql-file", "sqlite-file", "libsql-remote", "libsql-replica"]
@@ -120,6 +120,20 @@ def test_dead_letters_of_a_key_cleared_meanwhile_are_claimed_once_revived(store:
     assert store.peek_work(NOW).outbox is True
     assert keys(store.claim_outbox("w1", limit=10)) == {"K": 3}
     assert store.peek_work(NOW).outbox is False
+
+
+def test_a_key_with_settings_at_priority_0_takes_turns_with_keys_without(store: Any) -> None:
+    """Held: S has settings (priority 0, a limit it never reaches) and 100 entries, 100
+    spawns and 10 due timers; N (no settings, written after) 10 of each: claims of 20 serve
+    both, 10 each, every kind (the walk of keys with settings and the plain walk merged by
+    rank)."""
+    stage(store, "S", outbox=100, spawns=100, timers=10)
+    store.set_flow("S", concurrency=1000)
+    stage(store, "N", outbox=10, spawns=10, timers=10, fire_at=50.0)
+    work = store.claim_work("w1", NOW, limit=20)
+    assert keys(work.outbox) == {"S": 10, "N": 10}
+    assert keys(work.spawns) == {"S": 10, "N": 10}
+    assert keys(work.timers) == {"S": 10, "N": 10}
 
 
 # --- validation ---
@@ -278,7 +292,7 @@ def test_racing_claims_of_every_kind_never_exceed_a_limit(store: Any) -> None:
     def work(n: int) -> None:
         nonlocal most
         try:
-            for round_ in range(5):
+            for _ in range(5):
                 start.wait(30)
                 if n == 0:
                     stage(store, "K", outbox=1, spawns=1)
@@ -448,7 +462,10 @@ def test_a_claim_takes_the_one_due_timer_beside_a_paused_backlog_of_them(store: 
     claim and peek reads all of P's due timers: claim_due_timers_flows and
     mark_dead_timers_flows scan harel_timers_fire_at over every due timer, and
     work_ahead_flows's `flowed = 0` branch scans it to find none; the cost grows with the
-    paused backlog.)"""
+    paused backlog. Measured on a local file at b634f6c: claim_work with max_attempts 65 ms
+    with 50,000 paused due timers against 1.6 ms with none, under the write lock; peek_work
+    18.5 ms. Likewise 23 ms a claim with 5,000 keys at a concurrency limit and no items, and
+    18 ms with a rate log of 100,000 claims in its window.)"""
     db = raw(store)
     db.execute(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 4999) "
@@ -463,4 +480,3 @@ def test_a_claim_takes_the_one_due_timer_beside_a_paused_backlog_of_them(store: 
     assert store.peek_work(NOW).timers is False
     (p,) = store.flows()
     assert (p.key, p.pending, p.held) == ("P", 5000, 0)
-
