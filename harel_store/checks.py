@@ -41,7 +41,9 @@ def check_text(value: str, name: str) -> str:
 def check_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value not in INT64:
+    # Compared, not `in INT64`: range's `in` walks the range for an int subclass (an IntEnum
+    # member), holding the GIL for ever.
+    if not INT64.start <= value < INT64.stop:
         raise ValueError(f"{name} must fit in a signed 64-bit integer, not {value}")
     return value
 

@@ -16,7 +16,6 @@ starts, so a worker restarted under its id does not wait out its own leases), an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,8 +73,10 @@ def _check_rate(rate: object) -> tuple[int | None, float | None]:
         raise ValueError(f"rate count must be >= 1, not {count}")
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise TypeError(f"rate seconds must be a number, not {type(seconds).__name__}")
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
-        raise ValueError(f"rate seconds must be > 0 and at most {MAX_SECONDS}, not {seconds!r}")
+    # Compared before any float(): an int past every float (10**400) is out of range, not an
+    # OverflowError; NaN compares false.
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError(f"rate seconds must be > 0 and at most {MAX_SECONDS}, not {seconds!r:.40}")
     return count, float(seconds)
 
 
@@ -212,6 +213,8 @@ class Flows(StoreCore):
             return 0  # nothing to write (a relay that starts idle writes nothing)
         batch = Batch()
         batch.add("touch_held_flows", worker, remote=True)  # room made: see queues.add_freed
+        batch.add("rerank_worker_outbox", worker)  # what comes back takes turns from where
+        batch.add("rerank_worker_spawns", worker)  # the claims stand (see release)
         names = ("release_worker_outbox", "release_worker_spawns", "release_worker_timers")
         steps = [batch.add(name, worker, give_back) for name in names]
         results = yield batch

@@ -735,7 +735,7 @@ class Queues(StoreCore):
         """Give items (dead letters or live rows) a fresh start: attempts 0, no claim,
         claimable at once. Returns how many rows it updated."""
         checked = items_of(items, "revive", self._conn.key)
-        revived = yield from self._each(checked, "revive")
+        revived = yield from self._each(checked, "revive", rerank=True)
         self._notify(_kinds(checked))
         return revived
 
@@ -746,20 +746,31 @@ class Queues(StoreCore):
         many rows it updated."""
         check_id(worker, "worker")
         checked = items_of(items, "release", self._conn.key)
-        released = yield from self._each(checked, "release", worker=worker)
+        released = yield from self._each(checked, "release", worker=worker, rerank=True)
         self._notify(_kinds(checked))
         return released
 
     @staticmethod
-    def _each(items: Items, verb: str, *args: Any, worker: str | None = None) -> Plan[int]:
+    def _each(
+        items: Items, verb: str, *args: Any, worker: str | None = None, rerank: bool = False
+    ) -> Plan[int]:
         """``verb`` of every item in one write (``args`` after each item's key, as
-        `add_each` lays them out); how many rows it changed."""
+        `add_each` lays them out); how many rows it changed. ``rerank``: the items come
+        back to the queue (a release, a revive): those ranked below where the claims stand
+        take their turns from there (rerank_items_*)."""
         batch = Batch()
         if verb in _FREEING:
             add_freed(batch, items)
         steps = add_each(batch, items, verb, *args, worker=worker)
         if not steps:
             return 0
+        if rerank:
+            for name, seqs in (
+                ("rerank_items_outbox", items.outbox),
+                ("rerank_items_spawns", items.spawns),
+            ):
+                if seqs:
+                    batch.add(name, json.dumps(seqs))
         results = yield batch
         return sum(results[i] for i in steps)
 

@@ -1125,6 +1125,49 @@ UPDATE harel_timers SET flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = ?
 WHERE flow_key = ?1 AND dead_at IS NULL
   AND flowed <> EXISTS (SELECT 1 FROM harel_flows WHERE key = ?1);
 
+-- name: rerank_items_outbox!
+-- Items handed back (release) or revived, outbox entries of the JSON array of seqs ?1,
+-- whose ranks are below where the claims stand: their keys' live items ranked again from
+-- there, in their order (as rerank_outbox), so that what comes back takes turns with the
+-- keys that came meanwhile instead of every claim until it caught up. Only such keys: an
+-- item handed back at once after its claim is where the claims stand already.
+UPDATE harel_outbox SET flow_rank = ranked.rank
+FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0)
+                  + row_number() OVER (PARTITION BY flow_key ORDER BY flow_rank, seq) - 1 AS rank
+      FROM harel_outbox WHERE seq > 0 AND flow_key IN (
+          SELECT flow_key FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?1))
+            AND flow_rank < coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0))) AS ranked
+WHERE harel_outbox.seq = ranked.seq;
+
+-- name: rerank_items_spawns!
+UPDATE harel_spawns SET flow_rank = ranked.rank
+FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0)
+                  + row_number() OVER (PARTITION BY flow_key ORDER BY flow_rank, seq) - 1 AS rank
+      FROM harel_spawns WHERE seq > 0 AND flow_key IN (
+          SELECT flow_key FROM harel_spawns WHERE seq IN (SELECT value FROM json_each(?1))
+            AND flow_rank < coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0))) AS ranked
+WHERE harel_spawns.seq = ranked.seq;
+
+-- name: rerank_worker_outbox!
+-- As rerank_items_outbox, for what worker ?1 holds under a live lease (release_worker:
+-- before its release).
+UPDATE harel_outbox SET flow_rank = ranked.rank
+FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0)
+                  + row_number() OVER (PARTITION BY flow_key ORDER BY flow_rank, seq) - 1 AS rank
+      FROM harel_outbox WHERE seq > 0 AND flow_key IN (
+          SELECT flow_key FROM harel_outbox WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
+            AND flow_rank < coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0))) AS ranked
+WHERE harel_outbox.seq = ranked.seq;
+
+-- name: rerank_worker_spawns!
+UPDATE harel_spawns SET flow_rank = ranked.rank
+FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0)
+                  + row_number() OVER (PARTITION BY flow_key ORDER BY flow_rank, seq) - 1 AS rank
+      FROM harel_spawns WHERE seq > 0 AND flow_key IN (
+          SELECT flow_key FROM harel_spawns WHERE claimed_by = ?1 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0
+            AND flow_rank < coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0))) AS ranked
+WHERE harel_spawns.seq = ranked.seq;
+
 -- name: rerank_outbox!
 -- A change of settings that leaves key ?1 unpaused (?2 = 1), of a key that has some now: its
 -- live items take ranks from where the claims stand (the flow clock), in their order, as if

@@ -53,32 +53,46 @@ def make_dead(store: Any, key: str, count: int) -> list[Any]:
 # --- round-robin: items whose ranks fall behind the clock ---
 
 
-@pytest.mark.parametrize("how", ["release_worker", "lease-ran-out"])
+@pytest.mark.parametrize("how", ["release_worker", "release", "restarted"])
 def test_a_backlog_handed_back_takes_turns_with_a_key_that_came_meanwhile(
     store: Any, how: str
 ) -> None:
-    """DEFECT: a worker claimed A's 200 entries in one batch (the claims' clock moves to
-    rank 200) and died holding them; meanwhile B committed 10 entries, which are ranked at
-    the clock (200). Once A's are handed back (release_worker, as a relay restarted under
-    the id does, or the leases running out) they keep their ranks 1..200, so every claim
-    goes to A until A reaches rank 200: a claim of 20 over A (200 pending) and B (10
-    pending) returns 20 of A's and none of B's, ten claims in a row. The contract: "A claim
-    of 20 over key A (1,000 pending) and key B (10 pending) returns 10 of each" (B may lose
-    the one turn guarantees.md allows)."""
+    """Was a defect: a worker claimed A's 200 entries in one batch (the claims' clock moves
+    to rank 200) and died holding them; meanwhile B committed 10 entries, ranked at the
+    clock (200). Once A's are handed back (release_worker, a relay restarted under the id,
+    a release) they kept their ranks 1..200, so every claim went to A until A reached rank
+    200. Now what comes back is ranked again from where the claims stand: a claim of 20
+    over A (200 pending) and B (10 pending) returns about 10 of each, as the contract's
+    "A claim of 20 over key A (1,000 pending) and key B (10 pending) returns 10 of each"."""
     stage(store, "A", outbox=200)
-    assert len(store.claim_outbox("w1", limit=200, lease=30.0)) == 200
+    held = store.claim_outbox("w1", limit=200, lease=30.0)
+    assert len(held) == 200
     stage(store, "B", outbox=10)
     if how == "release_worker":
         assert store.release_worker("w1") == 200
+    elif how == "release":
+        assert store.release("w1", held) == 200
     else:
-        elapse(store, 30.0)
+        assert store._restarted("w1") == 200
     claimed = store.claim_outbox("w2", limit=20)
-    # DEFECT: Counter({'A': 20}): B waits until A's handed-back backlog is all claimed.
     assert keys(claimed)["B"] >= 9, keys(claimed)
 
 
+def test_a_dead_workers_items_whose_leases_ran_out_go_first_and_no_more(store: Any) -> None:
+    """What guarantees.md says of a lease that ran out (no write marks it): the items a
+    worker held keep their ranks, so once their leases ran out they are taken before a key
+    that came meanwhile, but no more than they: B is claimed as soon as A's 200 were."""
+    stage(store, "A", outbox=300)
+    assert len(store.claim_outbox("w1", limit=200, lease=30.0)) == 200
+    stage(store, "B", outbox=10)
+    elapse(store, 30.0)
+    first = [keys(store.claim_outbox("w2", limit=20)) for _ in range(10)]
+    assert all(counts == {"A": 20} for counts in first), first
+    assert keys(store.claim_outbox("w2", limit=20))["B"] >= 9
+
+
 def test_revived_dead_letters_take_turns_with_the_other_keys(store: Any) -> None:
-    """DEFECT: C's 60 entries died (max_attempts 1) long ago; since then the claims moved
+    """Was a defect: C's 60 entries died (max_attempts 1) long ago; since then the claims moved
     on (E's 300 entries claimed and acked) and D committed 10. Reviving C's dead letters
     gives them back their old ranks (revive_* sets flowed but not flow_rank), far behind
     the clock: a claim of 20 over C (60 pending) and D (10 pending) returns 20 of C's and
@@ -90,7 +104,6 @@ def test_revived_dead_letters_take_turns_with_the_other_keys(store: Any) -> None
     stage(store, "D", outbox=10)
     assert store.revive(dead) == 60
     claimed = store.claim_outbox("w2", limit=20)
-    # DEFECT: Counter({'C': 20}).
     assert keys(claimed)["D"] >= 9, keys(claimed)
 
 
@@ -251,7 +264,7 @@ def test_keys_are_compared_exactly_never_as_patterns_nor_by_case(store: Any) -> 
 
 
 def test_guarantees_md_describes_the_sweep_of_a_paused_keys_items(store: Any) -> None:
-    """DEFECT (documentation): guarantees.md says "A paused key's dead letters are still
+    """Was a defect (documentation): guarantees.md said "A paused key's dead letters are still
     made. The dead-letter sweep of every claim (with max_attempts) does not look at flows:
     a paused key's item whose attempts reached the limit becomes a dead letter at any
     worker's next claim". Since 59212e8 the sweep walks only keys with room: P's item at
@@ -266,7 +279,6 @@ def test_guarantees_md_describes_the_sweep_of_a_paused_keys_items(store: Any) ->
     made = [d.item.seq for d in store.dead_letters()] == [item.seq]
     page = (ROOT / "docs" / "explanation" / "guarantees.md").read_text()
     says_made = "paused key's dead letters are still" in re.sub(r"\s+", " ", page)
-    # DEFECT: the page says made, the claim leaves it live.
     assert made == says_made, f"dead letter made: {made}; guarantees.md says made: {says_made}"
 
 
