@@ -371,9 +371,7 @@ def _add_either(
     return plain, batch.add(f"{name}_flows", *params, *honouring, only_if=(flows, 1))
 
 
-# The clock's advance after a claim of each kind that has one (timers are ranked when claimed),
-# and the log of what a flow-honouring claim of each kind took for keys with a rate.
-_CLOCKS = {"outbox": "advance_clock_outbox", "spawn": "advance_clock_spawns"}
+# The log of what a flow-honouring claim of each kind took for keys with a rate.
 _LOGS = {
     "outbox": "log_flow_claims_outbox",
     "spawn": "log_flow_claims_spawns",
@@ -388,9 +386,12 @@ def _claims_batch() -> tuple[Batch, int, int]:
     return batch, batch.add("flows_in_use"), secrets.randbits(62)
 
 
-def _prune_claims(batch: Batch, flows: int) -> None:
-    """End a claims batch: the rate log's rows past their window dropped (only while some
-    key has settings)."""
+def _end_claims(batch: Batch, flows: int, worker: str, kinds: Iterable[str]) -> None:
+    """End a claims batch of ``kinds``: where the claims stand moved on (outbox entries and
+    spawns: timers are ranked when claimed), the rate log's rows past their window dropped
+    (only while some key has settings)."""
+    if "outbox" in kinds or "spawn" in kinds:
+        _add_either(batch, "advance_clock", flows, worker)
     batch.add("prune_flow_claims", only_if=(flows, 1))
 
 
@@ -421,7 +422,7 @@ def _add_claim(
     """Add a claim of ``kind`` to ``batch`` (made by `_claims_batch`, its ``flows`` step and
     ``token``; checked by `_check_claim`): given a ``max_attempts``, first the statement
     that makes dead letters of the rows at it, then the UPDATE ... RETURNING of queries.sql
-    that fits the flows, then the clock's advance; return the first two's steps."""
+    that fits the flows, then its log for rated keys; return the first two's steps."""
     names = _CLAIMS[kind][0]
     timer = (due,) if kind == "timer" else ()
     mark = None
@@ -430,8 +431,6 @@ def _add_claim(
     params = (worker, limit, lease, *timer, max_attempts)
     claim = _add_either(batch, names[1], flows, *params, honouring=(token,))
     batch.add(_LOGS[kind], worker, token, only_if=(flows, 1))  # before the next kind's claim
-    if kind in _CLOCKS:
-        _add_either(batch, _CLOCKS[kind], flows, worker)
     return mark, claim
 
 
@@ -503,7 +502,7 @@ def _claim(
     seconds = _check_claim(worker, limit, lease, max_attempts)
     batch, flows, token = _claims_batch()
     steps = _add_claim(batch, kind, worker, limit, seconds, max_attempts, due, flows, token)
-    _prune_claims(batch, flows)
+    _end_claims(batch, flows, worker, (kind,))
     return _claimed(database, kind, (yield batch), steps)
 
 
@@ -652,7 +651,7 @@ class Queues(StoreCore):
             k: _add_claim(batch, k, worker, limit, seconds, max_attempts, due, flows, token)
             for k in wanted
         }
-        _prune_claims(batch, flows)
+        _end_claims(batch, flows, worker, wanted)
         plain, honouring = _add_either(batch, "work_ahead", flows, due)
         results = yield batch
         key = self._conn.key

@@ -929,38 +929,33 @@ WHERE execution_id = ?2 AND path = ?3 AND fire_at = ?4 AND claimed_by = ?1
 -- compiled into every statement that writes its column, and libsql compiles each statement
 -- at each call.
 
--- name: advance_clock_outbox!
--- The flow clock moved to the highest rank worker ?1 holds of the keys without settings: one
--- seek of harel_outbox_worker. Only ever forward (what it holds from before is below it).
+-- name: advance_clock!
+-- The flow clock of each kind moved to the highest rank worker ?1 holds of the keys without
+-- settings: one seek of each harel_*_worker. Only ever forward (what it held from before is
+-- below it); nothing written when it stays.
 INSERT INTO harel_flow_clock (kind, rank)
-SELECT 'outbox', r FROM (
-    SELECT max(flow_rank) AS r FROM harel_outbox WHERE claimed_by = ?1 AND flowed = 0) WHERE r IS NOT NULL
-ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
-
--- name: advance_clock_outbox_flows!
--- advance_clock_outbox when some key has settings: the keys at priority 0 with settings
--- count too (the keys that wait behind a higher priority keep their place). Reads what
--- worker ?1 holds.
-INSERT INTO harel_flow_clock (kind, rank)
-SELECT 'outbox', r FROM (
-    SELECT max(flow_rank) AS r FROM harel_outbox AS i
-    WHERE claimed_by = ?1
-      AND (flowed = 0 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = i.flow_key AND priority = 0)))
+SELECT kind, r FROM (
+    SELECT 'outbox' AS kind, (SELECT max(flow_rank) FROM harel_outbox
+                              WHERE claimed_by = ?1 AND flowed = 0) AS r
+    UNION ALL
+    SELECT 'spawn', (SELECT max(flow_rank) FROM harel_spawns WHERE claimed_by = ?1 AND flowed = 0))
 WHERE r IS NOT NULL
 ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
 
--- name: advance_clock_spawns!
+-- name: advance_clock_flows!
+-- advance_clock when some key has settings: the keys at priority 0 with settings count too
+-- (the keys that wait behind a higher priority keep their place). Reads what worker ?1
+-- holds.
 INSERT INTO harel_flow_clock (kind, rank)
-SELECT 'spawn', r FROM (
-    SELECT max(flow_rank) AS r FROM harel_spawns WHERE claimed_by = ?1 AND flowed = 0) WHERE r IS NOT NULL
-ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
-
--- name: advance_clock_spawns_flows!
-INSERT INTO harel_flow_clock (kind, rank)
-SELECT 'spawn', r FROM (
-    SELECT max(flow_rank) AS r FROM harel_spawns AS i
-    WHERE claimed_by = ?1
-      AND (flowed = 0 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = i.flow_key AND priority = 0)))
+SELECT kind, r FROM (
+    SELECT 'outbox' AS kind, (
+        SELECT max(flow_rank) FROM harel_outbox AS i WHERE claimed_by = ?1
+          AND (flowed = 0 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = i.flow_key AND priority = 0))
+    ) AS r
+    UNION ALL
+    SELECT 'spawn', (
+        SELECT max(flow_rank) FROM harel_spawns AS i WHERE claimed_by = ?1
+          AND (flowed = 0 OR EXISTS (SELECT 1 FROM harel_flows WHERE key = i.flow_key AND priority = 0))))
 WHERE r IS NOT NULL
 ON CONFLICT (kind) DO UPDATE SET rank = excluded.rank WHERE rank < excluded.rank;
 

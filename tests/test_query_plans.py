@@ -42,8 +42,7 @@ HOT = {
     "release_worker_outbox", "release_worker_spawns", "release_worker_timers", "workers",
     "mark_flowed_outbox", "mark_flowed_spawns", "mark_flowed_timers", "flows",
     "mark_dead_outbox_flows", "mark_dead_spawns_flows", "mark_dead_timers_flows",
-    "advance_clock_outbox", "advance_clock_outbox_flows", "advance_clock_spawns",
-    "advance_clock_spawns_flows", "log_flow_claims_outbox", "log_flow_claims_spawns",
+    "advance_clock", "advance_clock_flows", "log_flow_claims_outbox", "log_flow_claims_spawns",
     "log_flow_claims_timers", "prune_flow_claims", "touch_flows", "touch_held_flows",
 }  # fmt: skip
 # The relays read the queue oldest first: it holds only undelivered entries (an ack deletes),
