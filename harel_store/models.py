@@ -106,6 +106,9 @@ class _Carried:
     _origin: str | None = None
     _written_at: float | None = None
     _traceparent: str | None = None
+    # Its turn in the claim that took it (0011): its key's priority negated, and its rank. A
+    # relay handles a round's items in that order (ClaimedWork.items).
+    _turn: tuple[int, int] = (0, 0)
 
 
 class _OutboxFields(NamedTuple):
@@ -187,6 +190,10 @@ class WorkAhead(NamedTuple):
         return self.outbox if kind == "outbox" else self.spawns if kind == "spawn" else self.timers
 
 
+def _in_turn(item: OutboxEntry | SpawnEntry) -> tuple[int, int, int]:
+    return (*item._turn, item.seq)
+
+
 class ClaimedWork(NamedTuple):
     """What `claim_work` claimed of each kind (as `claim_outbox`, `claim_spawns` and
     `claim_due_timers` return it; empty for a kind not asked for), and what is left to
@@ -203,10 +210,11 @@ class ClaimedWork(NamedTuple):
 
     def items(self) -> list[tuple[DeadKind, RelayItem]]:
         """Every item claimed, with its kind: the outbox's, then the spawns', then the
-        timers'."""
+        timers'; the outbox entries and the spawns in their turns (their keys' priority,
+        then their rank: the order the claim took them in), the timers soonest first."""
         return [
-            *(("outbox", entry) for entry in self.outbox),
-            *(("spawn", spawn) for spawn in self.spawns),
+            *(("outbox", entry) for entry in sorted(self.outbox, key=_in_turn)),
+            *(("spawn", spawn) for spawn in sorted(self.spawns, key=_in_turn)),
             *(("timer", timer) for timer in self.timers),
         ]
 

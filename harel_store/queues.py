@@ -240,8 +240,9 @@ def outbox_entry(row: Sequence[Any]) -> OutboxEntry:
     seq, target, event, *carried = row
     event = stored(f"outbox entry {seq}", Event.model_validate_json, event)
     entry = OutboxEntry(seq, target, event)
-    if carried:  # a claim's row: when it was written and the commit's trace context
-        entry._written_at, entry._traceparent = carried
+    if carried:  # a claim's row: when it was written, the commit's trace context, its turn
+        entry._written_at, entry._traceparent, rank, priority = carried
+        entry._turn = (-priority, rank)
     return entry
 
 
@@ -249,7 +250,8 @@ def spawn_entry(row: Sequence[Any]) -> SpawnEntry:
     seq, parent, child, root, context, *carried = row
     spawn = SpawnEntry(seq, parent, child, root, stored(f"spawn {seq}", loads_dict, context))
     if carried:
-        spawn._written_at, spawn._traceparent = carried
+        spawn._written_at, spawn._traceparent, rank, priority = carried
+        spawn._turn = (-priority, rank)
     return spawn
 
 

@@ -576,11 +576,13 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_outbox
--- row: seq int, target_id text?, event text, created_at any, traceparent any
+-- row: seq int, target_id text?, event text, created_at any, traceparent any, flow_rank int, priority int
 -- A claim also hands its relay when each item was written and the trace context it was
 -- written in (0010): the relay's lag and its handler span's link. Those two are read as
 -- `any`: a value of another type (a foreign client's) is read as none by the store
 -- (harel_store/queues.py), never a reply that does not fit, which would stop every claim.
+-- And its turn (0011): its rank and its key's priority, which a relay handles a round's
+-- items by (the claim hands them out oldest first).
 UPDATE harel_outbox
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -591,10 +593,11 @@ WHERE seq IN (
       AND (?4 IS NULL OR attempts < ?4)
       AND NOT EXISTS (SELECT 1 FROM harel_flows)
     ORDER BY flow_rank, seq LIMIT ?2)
-RETURNING seq, target_id, event, created_at, traceparent;
+RETURNING seq, target_id, event, created_at, traceparent,
+          flow_rank, 0;
 
 -- name: claim_outbox_flows
--- row: seq int, target_id text?, event text, created_at any, traceparent any
+-- row: seq int, target_id text?, event text, created_at any, traceparent any, flow_rank int, priority int
 -- claim_outbox when some key has settings (a claim runs the one that fits: see
 -- "Flow control" below). The keys without settings are walked as claim_outbox walks them;
 -- each key with room (harel_flow_room) is walked on its own, by rank, up to its room, the
@@ -631,7 +634,8 @@ WHERE seq IN (
         UNION ALL
         SELECT priority, rank, seq FROM walk WHERE n > 0)
     ORDER BY priority DESC, rank, seq LIMIT ?2)
-RETURNING seq, target_id, event, created_at, traceparent;
+RETURNING seq, target_id, event, created_at, traceparent,
+          flow_rank, coalesce((SELECT priority FROM harel_flows WHERE key = harel_outbox.flow_key), 0);
 
 -- What a worker does with the entries it claimed, by seq (?N: a JSON array of seqs, one
 -- statement for any number; json_each's integers are exact). `+claimed_by`: each row is found by
@@ -726,7 +730,7 @@ WHERE seq IN (
 RETURNING -seq, attempts, last_error;
 
 -- name: claim_spawns
--- row: seq int, parent_id text, child_id text, root_path text, context text, created_at any, traceparent any
+-- row: seq int, parent_id text, child_id text, root_path text, context text, created_at any, traceparent any, flow_rank int, priority int
 UPDATE harel_spawns
 SET claimed_by = ?1, claimed_until = (julianday('now') - 2440587.5) * 86400.0 + ?3,
     attempts = attempts + 1
@@ -737,10 +741,11 @@ WHERE seq IN (
       AND (?4 IS NULL OR attempts < ?4)
       AND NOT EXISTS (SELECT 1 FROM harel_flows)
     ORDER BY flow_rank, seq LIMIT ?2)
-RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent;
+RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent,
+          flow_rank, 0;
 
 -- name: claim_spawns_flows
--- row: seq int, parent_id text, child_id text, root_path text, context text, created_at any, traceparent any
+-- row: seq int, parent_id text, child_id text, root_path text, context text, created_at any, traceparent any, flow_rank int, priority int
 WITH RECURSIVE
     flow (key, priority, room) AS MATERIALIZED (
         SELECT key, priority, min(coalesce(room, ?2), ?2) FROM harel_flow_room),
@@ -771,7 +776,8 @@ WHERE seq IN (
         UNION ALL
         SELECT priority, rank, seq FROM walk WHERE n > 0)
     ORDER BY priority DESC, rank, seq LIMIT ?2)
-RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent;
+RETURNING seq, parent_id, child_id, root_path, context, created_at, traceparent,
+          flow_rank, coalesce((SELECT priority FROM harel_flows WHERE key = harel_spawns.flow_key), 0);
 
 -- name: ack_spawns!
 DELETE FROM harel_spawns

@@ -288,6 +288,24 @@ def test_a_key_whose_limit_is_lifted_takes_turns_with_the_others(store: Any) -> 
         store.clear_flow("A")
 
 
+def test_a_relay_handles_a_rounds_items_in_their_turns(store: Any) -> None:
+    """A claim hands its items out oldest first (the lists of ClaimedWork), but a relay
+    handles them as the claim took them (ClaimedWork.items: priority, then rank): a key
+    that came after another's burst goes second in the round, not after the burst; a key
+    with a higher priority first. Outbox entries and spawns alike."""
+    stage(store, "A", outbox=5, spawns=5)
+    stage(store, "B", outbox=1, spawns=1)
+    work = store.claim_work("w1", NOW)
+    assert [key_of(e) for e in work.outbox] == ["A"] * 5 + ["B"]  # oldest first
+    order = [key_of(item) for kind, item in work.items() if kind == "outbox"]
+    assert order == ["A", "B", "A", "A", "A", "A"]
+    assert [key_of(item) for kind, item in work.items() if kind == "spawn"] == order
+    store.release("w1", [item for _, item in work.items()])
+    store.set_flow("B", priority=1)
+    work = store.claim_work("w1", NOW)
+    assert [key_of(item) for _, item in work.items()][:2] == ["B", "A"]
+
+
 # --- priority ---
 
 
