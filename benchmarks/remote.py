@@ -149,9 +149,9 @@ def bare_committer(conn: Any, eid: str, read: bool = False) -> Callable[[], None
         elif bare(conn, "update_execution", eid, data, n, old, *summary).rowcount != 1:
             raise AssertionError(f"the CAS of {eid} failed")
         event = Event(name="tick", id=f"{eid}-out-{n}").model_dump_json()
-        bare(conn, "insert_outbox", None, eid, event, None)  # target, source, event, context
+        bare(conn, "insert_outbox", None, eid, event, None, "")  # target .. context, flow key
         bare(conn, "mark_processed", eid, f"{eid}-in-{n}")
-        bare(conn, "schedule_timer", eid, "t", float(n), None)
+        bare(conn, "schedule_timer", eid, "t", float(n), None, eid)  # its flow key: the root
         (idx,) = bare(conn, "append_trace", eid, json.dumps({"n": n})).fetchone()
         if idx >= DEFAULT_TRACE_MAX:
             bare(conn, "trim_trace", eid, DEFAULT_TRACE_MAX)

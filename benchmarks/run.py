@@ -136,7 +136,7 @@ MARKS = tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "not
 # add columns and indexes, so that the statements of queries.sql run on it.
 PREVIOUS = tuple(
     f"migrations/{script.name}"
-    for number in (1, 2, 4, 5, 6, 7, 8, 10)
+    for number in (1, 2, 4, 5, 6, 7, 8, 10, 11)
     for script in sorted((SQL_DIR / "migrations").glob(f"{number:04d}_*.up.sql"))
 )
 SHAPES: dict[str, Shape] = {
@@ -185,11 +185,11 @@ def floor_commits(
             cur = conn.execute(sql[update], bind[update]((eid, payloads[k], v + 1, v, *summary)))
             assert cur.rowcount == 1
             versions[k] = v + 1
-            outbox = bind["insert_outbox"]((eid, eid, events[i], None))  # no trace context
+            outbox = bind["insert_outbox"]((eid, eid, events[i], None, eid))  # no trace context
             conn.execute(sql["insert_outbox"], outbox).fetchone()
             for statement, bound in marks if marker else ():
                 conn.execute(statement, bound((eid, ids[i])))
-            timer = bind["schedule_timer"]((eid, "main.wait", fire[i], None))
+            timer = bind["schedule_timer"]((eid, "main.wait", fire[i], None, eid))
             conn.execute(sql["schedule_timer"], timer)
             if trace:
                 (idx,) = conn.execute(
@@ -281,7 +281,8 @@ def table_kinds(database: Path) -> dict[str, bool]:
     """The store's tables and whether each is WITHOUT ROWID."""
     conn = sqlite3.connect(database)
     try:
-        return {table: info["without_rowid"] for table, info in describe(conn).items()}
+        tables = describe(conn).items()  # and the views and triggers, under "view ...": skipped
+        return {table: info["without_rowid"] for table, info in tables if "without_rowid" in info}
     finally:
         conn.close()
 

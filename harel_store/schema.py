@@ -108,7 +108,9 @@ def describe(db: _Executes | Run) -> Schema:
             "foreign_keys": foreign_keys,
         }
     for kind, name, sql in q("schema_others"):
-        schema[f"{kind} {name}"] = {"sql": _normalize(sql or "")}
+        # Case folded: a server may write a view's text back with its own case for keywords
+        # (sqld keeps `KEY` for `key`), and SQLite's keywords and names know no case.
+        schema[f"{kind} {name}"] = {"sql": _normalize(sql or "").casefold()}
     return schema
 
 

@@ -109,6 +109,10 @@ class StoreModel(RuleBasedStateMachine):
         self.dead: dict[Key, int] = {}
         self.claims_run = 0
         self.failures = 0
+        # Round-robin (0011): each outbox entry's and spawn's rank, and where the claims of each
+        # kind stand (sql/queries.sql: insert_outbox, advance_clock, rerank_items_*).
+        self.ranks: dict[Key, int] = {}
+        self.clock = {"outbox": 0, "spawn": 0}
 
     def teardown(self) -> None:
         self.store.close()
@@ -147,6 +151,62 @@ class StoreModel(RuleBasedStateMachine):
         ):
             return None
         return key
+
+    def _flow(self, key: Key) -> str:
+        """An outbox entry's or a spawn's flow key: its target's (its child's) root key."""
+        if key[0] == "outbox":
+            target = self.outbox[key[1]][0]
+            return "" if target is None else target.partition(".")[0]
+        return self.spawns[key[1]][1].partition(".")[0]
+
+    def _ranked(self, kind: str) -> list[Key]:
+        """The live rows of ``kind`` (outbox, spawn), in the claims' order: rank, then seq."""
+        rows = self.outbox if kind == "outbox" else self.spawns
+        live = [(kind, seq) for seq in rows if self._live((kind, seq))]
+        return sorted(live, key=lambda k: (self.ranks[k], k[1]))
+
+    def _rank(self, key: Key) -> None:
+        """A row just written: its key's last live rank + 1, or where the claims stand."""
+        flow = self._flow(key)
+        rows = self.outbox if key[0] == "outbox" else self.spawns
+        same = [
+            self.ranks[k]
+            for seq in rows
+            if (k := (key[0], seq)) != key and self._live(k) and self._flow(k) == flow
+        ]
+        self.ranks[key] = max(max(same, default=0) + 1, self.clock[key[0]])
+
+    def _advance(self, worker: str) -> None:
+        """After a claim of outbox entries or spawns: each kind's clock moved to the highest
+        rank ``worker`` holds (its lease run out or not)."""
+        for kind in ("outbox", "spawn"):
+            rows = self.outbox if kind == "outbox" else self.spawns
+            held = [
+                self.ranks[(kind, seq)]
+                for seq in rows
+                if self._live((kind, seq))
+                and self.claims.get((kind, seq), (None, 0.0))[0] == worker
+            ]
+            self.clock[kind] = max([self.clock[kind], *held])
+
+    def _rerank(self, keys: list[Key]) -> None:
+        """Rows come back (revived): the keys of those ranked behind where the claims stand
+        have their live rows ranked again from there, in their order."""
+        for kind in ("outbox", "spawn"):
+            stale = {
+                self._flow(k)
+                for k in keys
+                if k[0] == kind
+                and self._exists(k)
+                and self._live(k)
+                and self.ranks[k] < self.clock[kind]
+            }
+            position: dict[str, int] = {}
+            for k in self._ranked(kind):
+                flow = self._flow(k)
+                if flow in stale:
+                    self.ranks[k] = self.clock[kind] + position.get(flow, 0)
+                    position[flow] = position.get(flow, 0) + 1
 
     def _free(self, key: Key) -> bool:
         return self.claims.get(key, (None, 0.0))[1] <= 0.0
@@ -319,6 +379,7 @@ class StoreModel(RuleBasedStateMachine):
         for seq, (target, event) in zip(seqs, events, strict=True):
             self.outbox[seq] = (target, event.id)
             self.sources[seq] = eid
+            self._rank(("outbox", seq))
         self.next_outbox += len(events)
         if processed:
             self.processed.add((eid, f"in{n}"))
@@ -331,6 +392,7 @@ class StoreModel(RuleBasedStateMachine):
                 self.timers.pop((eid, op.path), None)
         if spawn:
             self.spawns[self.next_spawn] = (eid, f"kid{n}")
+            self._rank(("spawn", self.next_spawn))
             self.next_spawn += 1
         if trace:
             ring = self.trace.setdefault(eid, [])
@@ -440,8 +502,9 @@ class StoreModel(RuleBasedStateMachine):
         self, worker: str, limit: int, lease: float, max_attempts: int | None
     ) -> list[OutboxEntry]:
         got = self.store.claim_outbox(worker, limit=limit, lease=lease, max_attempts=max_attempts)
-        order = [("outbox", seq) for seq in sorted(self.outbox)]
-        taken = self._claim(order, worker, limit, lease, max_attempts)
+        taken = self._claim(self._ranked("outbox"), worker, limit, lease, max_attempts)
+        taken.sort(key=lambda k: k[1])  # handed out oldest first
+        self._advance(worker)
         assert [(e.seq, e.target_id, e.event.id) for e in got] == [
             (k[1], *self.outbox[k[1]]) for k in taken
         ]
@@ -451,8 +514,9 @@ class StoreModel(RuleBasedStateMachine):
         self, worker: str, limit: int, lease: float, max_attempts: int | None
     ) -> list[SpawnEntry]:
         got = self.store.claim_spawns(worker, limit=limit, lease=lease, max_attempts=max_attempts)
-        order = [("spawn", seq) for seq in sorted(self.spawns)]
-        taken = self._claim(order, worker, limit, lease, max_attempts)
+        taken = self._claim(self._ranked("spawn"), worker, limit, lease, max_attempts)
+        taken.sort(key=lambda k: k[1])
+        self._advance(worker)
         assert [(p.seq, p.parent_id, p.child_id) for p in got] == [
             (k[1], *self.spawns[k[1]]) for k in taken
         ]
@@ -465,9 +529,26 @@ class StoreModel(RuleBasedStateMachine):
             worker, float(now), limit=limit, lease=lease, max_attempts=max_attempts
         )
         due = sorted((at, e, p) for (e, p), at in self.timers.items() if at <= now)
-        taken = self._claim(
-            [("timer", e, p) for _, e, p in due], worker, limit, lease, max_attempts
-        )
+        free = [k for _, e, p in due if self._live(k := ("timer", e, p)) and self._free(k)]
+        if max_attempts is not None:
+            # All the claimable due timers are read (their claim ranks them in their keys):
+            # the first `limit` of those at max_attempts die.
+            self.claims_run += 1
+            for k in [k for k in free if self.attempts.get(k, 0) >= max_attempts][:limit]:
+                self.dead[k] = self.claims_run
+                self.claims.pop(k, None)
+            free = [k for k in free if self.attempts.get(k, 0) < max_attempts]
+        turns: dict[str, int] = {}
+        ranked = []
+        for k in free:  # soonest first: each timer's turn in its execution's root key
+            flow = k[1].partition(".")[0]
+            turns[flow] = turns.get(flow, 0) + 1
+            ranked.append((turns[flow], self.timers[(k[1], k[2])], k[1], k[2]))
+        taken = [("timer", e, p) for _, _, e, p in sorted(ranked)[:limit]]
+        for k in taken:
+            self.attempts[k] = self.attempts.get(k, 0) + 1
+            self.claims[k] = (worker, lease)
+        taken.sort(key=lambda k: (self.timers[(k[1], k[2])], k[1], k[2]))  # soonest first
         assert got == [(e, p, self.timers[(e, p)]) for _, e, p in taken]
         assert all(isinstance(t, DueTimer) for t in got)
         assert len({t.event_id for t in got}) == len(got)
@@ -570,6 +651,7 @@ class StoreModel(RuleBasedStateMachine):
             self.attempts.pop(key, None)
             self.claims.pop(key, None)
             self.dead.pop(key, None)
+        self._rerank(list(rows))
         assert self.store.revive(items) == len(rows)
 
     @rule(seconds=st.sampled_from([50.0, 1_000.0, 10_000.0]))
