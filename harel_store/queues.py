@@ -156,6 +156,17 @@ def add_freed(batch: Batch, items: Items) -> None:
         batch.add("touch_flows", outbox, spawns, timers, remote=True)
 
 
+def _add_rerank(batch: Batch, items: Items, worker: str | None) -> None:
+    """Add the new ranks of what comes back to the queue (rerank_items_*): the items
+    ``worker`` holds and releases, or (None) the items revived."""
+    for name, seqs in (
+        ("rerank_items_outbox", items.outbox),
+        ("rerank_items_spawns", items.spawns),
+    ):
+        if seqs:
+            batch.add(name, json.dumps(seqs), worker)
+
+
 def held_items(items: Items, steps: list[int], results: Sequence[Any]) -> list[RelayItem]:
     """Of the given items, those an extend renewed (its steps' results), in order."""
     renewed: set[Any] = set()
@@ -762,16 +773,13 @@ class Queues(StoreCore):
         batch = Batch()
         if verb in _FREEING:
             add_freed(batch, items)
+        if rerank and worker is not None:  # before the release: what it holds, it hands back
+            _add_rerank(batch, items, worker)
         steps = add_each(batch, items, verb, *args, worker=worker)
         if not steps:
             return 0
-        if rerank:
-            for name, seqs in (
-                ("rerank_items_outbox", items.outbox),
-                ("rerank_items_spawns", items.spawns),
-            ):
-                if seqs:
-                    batch.add(name, json.dumps(seqs))
+        if rerank and worker is None:  # after a revive: its rows live again
+            _add_rerank(batch, items, None)
         results = yield batch
         return sum(results[i] for i in steps)
 

@@ -1131,12 +1131,15 @@ WHERE flow_key = ?1 AND dead_at IS NULL
 -- whose ranks are below where the claims stand: their keys' live items ranked again from
 -- there, in their order (as rerank_outbox), so that what comes back takes turns with the
 -- keys that came meanwhile instead of every claim until it caught up. Only such keys: an
--- item handed back at once after its claim is where the claims stand already.
+-- item handed back at once after its claim is where the claims stand already. ?2: the
+-- releasing worker (run before its release): only the items it holds under a live lease,
+-- those its release hands back (NULL: a revive's, run after it).
 UPDATE harel_outbox SET flow_rank = ranked.rank
 FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0)
                   + row_number() OVER (PARTITION BY flow_key ORDER BY flow_rank, seq) - 1 AS rank
       FROM harel_outbox WHERE seq > 0 AND flow_key IN (
           SELECT flow_key FROM harel_outbox WHERE seq IN (SELECT value FROM json_each(?1))
+            AND (?2 IS NULL OR (+claimed_by = ?2 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0))
             AND flow_rank < coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'outbox'), 0))) AS ranked
 WHERE harel_outbox.seq = ranked.seq;
 
@@ -1146,6 +1149,7 @@ FROM (SELECT seq, coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spaw
                   + row_number() OVER (PARTITION BY flow_key ORDER BY flow_rank, seq) - 1 AS rank
       FROM harel_spawns WHERE seq > 0 AND flow_key IN (
           SELECT flow_key FROM harel_spawns WHERE seq IN (SELECT value FROM json_each(?1))
+            AND (?2 IS NULL OR (+claimed_by = ?2 AND claimed_until > (julianday('now') - 2440587.5) * 86400.0))
             AND flow_rank < coalesce((SELECT rank FROM harel_flow_clock WHERE kind = 'spawn'), 0))) AS ranked
 WHERE harel_spawns.seq = ranked.seq;
 

@@ -14,7 +14,7 @@ from harel_store import OutboxEntry
 from harel_store.checks import check_int
 from tests.helpers import raw
 from tests.test_flows import NOW, every, key_of, keys, stage
-from tests.test_flows import store as store  # noqa: F401
+from tests.test_flows import store as store
 
 
 def _count(store: Any, sql: str) -> Any:
@@ -90,17 +90,13 @@ def test_check_int_bool_and_huge() -> None:
         check_int(10**4000, "x")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: release reranks by the seqs given, not the rows it released",
-)
 def test_a_release_by_a_worker_holding_nothing_changes_no_rank(store: Any) -> None:
-    """DEFECT: `Queues._each(..., rerank=True)` adds rerank_items_outbox with every seq
-    given, whether or not release_outbox released it (that needs ``+claimed_by = ?1`` and a
-    live lease; the rerank checks neither). So release("w2", items w1 holds) returns 0 yet
-    ranks key A's and B's live rows again from the clock, w1's held rows included (1 -> 19):
-    a stray or late release (a lease run out, another worker's) moves keys' places, and
-    advance_clock then reads the new ranks of what w1 holds."""
+    """Was a defect: `Queues._each(..., rerank=True)` added rerank_items_outbox with every
+    seq given, whether or not release_outbox released it (that needs ``+claimed_by = ?1``
+    and a live lease; the rerank checked neither). So release("w2", items w1 holds)
+    returned 0 yet ranked key A's and B's live rows again from the clock, w1's held rows
+    included (1 -> 19). Now the rerank runs before the release, on what the releasing
+    worker holds under a live lease."""
     stage(store, "A", outbox=3)
     stage(store, "B", outbox=30)
     held = store.claim_outbox("w1", limit=2)  # A's first and B's first
