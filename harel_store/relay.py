@@ -57,7 +57,7 @@ from harel_store.models import (
     WorkAhead,
 )
 from harel_store.store import MAX_PAGE, Store
-from harel_store.wakeup import ANY, EXECUTION, TIMER, Waiter
+from harel_store.wakeup import ANY, EXECUTION, SETTLED, TIMER, Waiter
 
 log = logging.getLogger("harel_store.relay")
 
@@ -175,11 +175,13 @@ class _Schedule:
     def heard(self, signals: frozenset[str]) -> None:
         """Signals since the last look: new work of a kind is claimed at once; an armed
         timer, or a change of unknown kind, is read first; an execution's change may have
-        armed a timer (a server names no more), read `TIMER_LOOK` after the last look."""
+        armed a timer (a server names no more), read `TIMER_LOOK` after the last look; so is a
+        server's change told again once settled (`SETTLED`: a read at its notification may
+        have come before the commit was visible, and missed what it wrote)."""
         self.todo |= {kind for kind in self.kinds if kind in signals and kind != "timer"}
         if ANY in signals or (TIMER in signals and "timer" in self.kinds):
             self.look = True
-        elif EXECUTION in signals and "timer" in self.kinds:
+        elif SETTLED in signals or (EXECUTION in signals and "timer" in self.kinds):
             self.look_paced = True
 
     def next(self) -> tuple[str, float]:
