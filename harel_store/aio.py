@@ -199,6 +199,7 @@ class AsyncLibsqlStore:
     release = awaitable(Store.release)
     attempts_of = awaitable(Store.attempts_of)
     dead_letters = awaitable(Store.dead_letters)
+    dead_view = awaitable(Store.dead_view)
     read_trace = awaitable(Store.read_trace)
     trace_view = awaitable(Store.trace_view)
     load_definition = awaitable(Store.load_definition)

@@ -454,10 +454,14 @@ class Executions(StoreCore):
         return [row[0] for row in rows]
 
     @operation
-    def children_of(self, execution_id: str) -> Plan[list[ExecutionSummary]]:
-        """Summaries of the executions whose parent is ``execution_id``, ordered by id."""
+    def children_of(
+        self, execution_id: str, *, limit: int | None = None
+    ) -> Plan[list[ExecutionSummary]]:
+        """Summaries of the executions whose parent is ``execution_id``, ordered by id: the
+        first ``limit`` (1..1000; None: all)."""
         check_id(execution_id, "execution_id")
-        return self._summaries((yield statement("children_of", execution_id)))
+        rows = -1 if limit is None else _page(limit)
+        return self._summaries((yield statement("children_of", execution_id, rows)))
 
     @operation
     def timers_of(self, execution_id: str) -> Plan[list[tuple[str, float]]]:

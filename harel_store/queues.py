@@ -809,6 +809,15 @@ class Queues(StoreCore):
         return letters
 
     @operation
+    def dead_view(self, *, limit: int = 100) -> Plan[list[tuple[DeadLetter, float | None]]]:
+        """`dead_letters` of every kind, each with when it died (epoch seconds, the
+        database's clock; None for one set aside before that was kept)."""
+        rows = yield statement("dead_letters", _page(limit), None)
+        views = decoded(rows, lambda row: (dead_letter(row), row[1]), "skipped")
+        stamped([letter.item for letter, _ in views], self._conn.key)
+        return views
+
+    @operation
     def dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[DeadLetter | None]:
         """The dead letter of ``kind`` with ``key`` (an outbox entry's or a spawn's seq, a
         timer's ``(execution_id, path)``), or None: there is none (gone, or live)."""

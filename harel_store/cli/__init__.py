@@ -25,6 +25,7 @@ from harel_store.cli import (
     relays,
     schema,
     status,
+    ui,
 )
 from harel_store.cli.common import Command, limit
 from harel_store.cli.output import PROG, Failure, fail
@@ -43,6 +44,7 @@ COMMANDS: list[Command] = [
     *executions.COMMANDS[3:],  # purge
     *gc.COMMANDS,
     *schema.COMMANDS[1:],
+    *ui.COMMANDS,
     *demo.COMMANDS,
 ]
 
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RUST_LOG", "off")
     run: Callable[[argparse.Namespace], int] = args.run
     try:
-        if args.fleet is not None:
+        if args.fleet is not None and args.command != "ui":  # the console shows them all
             return fleet.run(args, _without_fleet(argv))
         if args.jobs is not None:
             raise ValueError("--jobs is for --fleet: how many of its databases at once")

@@ -1,0 +1,538 @@
+"""The console's web application: pages rendered on the server (Starlette, Jinja2 with every
+value escaped), kept live in the browser by server-sent events that the store's wake-up
+pushes, and the guards in front of it all (`Guard`: the Host check, the token, read-only
+unless actions are on, a CSRF token per page)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from harel_store.errors import StoreError
+from harel_store.models import STATUSES
+from harel_store.sql import HEAD
+from harel_store.ui.source import Databases
+
+PAGE = 50  # rows of a listing page
+TIMERS = 100  # armed timers shown, soonest first
+DEAD = 100  # dead letters shown, oldest first
+CHILDREN = 50  # children shown on an execution's page
+LIVE_GAP = 0.2  # seconds at least between two change events to one page (a burst is one)
+HEARTBEAT = 15.0  # seconds between two keep-alive comments of a quiet stream
+NOT_LIVE_POLL = 1.0  # a database whose changes cannot be heard is looked at this often
+REOPEN = 5.0  # seconds before a database that could not be watched is tried again
+MAX_FORM = 16 * 1024  # bytes a posted form may have
+COOKIE = "harel_ui_session"
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+def _local_names() -> set[str]:
+    """This host's names and addresses (a request naming any of them is not a rebinding)."""
+    names = set(LOOPBACK)
+    with contextlib.suppress(OSError):
+        host = socket.gethostname()
+        names |= {host.lower(), socket.getfqdn(host).lower()}
+        for *_, address in socket.getaddrinfo(host, None):
+            names.add(str(address[0]).lower())
+    return names
+
+
+def host_of(header: str) -> str:
+    """The host of a ``Host`` header, without its port (``[::1]:80`` is ``::1``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else ""
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class Hub:
+    """Whether anything changed: one wake-up subscription a database while any page
+    listens (none otherwise: the console costs the commit path nothing while no page is
+    open), each change bumping `version`."""
+
+    def __init__(self, databases: Databases) -> None:
+        self._databases = databases
+        self.version = 0
+        self._event = asyncio.Event()
+        self._listeners = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @contextlib.asynccontextmanager
+    async def listening(self) -> AsyncIterator[None]:
+        self._listeners += 1
+        if self._listeners == 1:
+            self._tasks = [asyncio.create_task(self._watch(n)) for n in self._databases.names]
+        try:
+            yield
+        finally:
+            self._listeners -= 1
+            if self._listeners == 0:
+                tasks, self._tasks = self._tasks, []
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _bump(self) -> None:
+        self.version += 1
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def changed(self, seen: int, timeout: float) -> bool:
+        """Whether `version` moved past ``seen`` within ``timeout`` seconds."""
+        if self.version != seen:
+            return True
+        event = self._event
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _watch(self, name: str) -> None:
+        while True:
+            try:
+                waiter = await self._databases.waiter(name)
+            except (StoreError, OSError, ValueError):
+                await asyncio.sleep(REOPEN)  # unreachable, or behind head: shown on the page
+                continue
+            try:
+                while True:
+                    # Heard (a file's commits, a server's notifications): wait for them;
+                    # else look as a relay would, at its poll.
+                    heard = await waiter.await_signal(3600.0 if waiter.live else NOT_LIVE_POLL)
+                    if waiter.take() or not heard:
+                        self._bump()
+            finally:
+                waiter.close()
+
+
+class Guard:
+    """In front of the pages: a ``Host`` that names no address of this host is 400 (DNS
+    rebinding); with a token, a request without it (a Bearer header, or the session cookie
+    that the login form sets) is 401; a POST other than the login is 403 unless actions are
+    on, and then unless it carries the CSRF token of its page."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        actions: bool,
+        secret: bytes,
+        hosts: Iterable[str],
+        render: Callable[[Scope, str, dict[str, Any], int], Response],
+    ) -> None:
+        self.app = app
+        self.token = token
+        self.actions = actions
+        self.secret = secret
+        self.hosts = _local_names() | {host_of(h) for h in hosts}
+        self.session = self.sign("session")
+        self.render = render
+
+    def sign(self, what: str) -> str:
+        return hmac.new(self.secret, what.encode(), hashlib.sha256).hexdigest()
+
+    def csrf(self, page: str) -> str:
+        """The CSRF token of the page ``page`` (its forms carry it; its actions need it)."""
+        return self.sign(f"csrf:{page}")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        if host_of(request.headers.get("host", "")) not in self.hosts:
+            response: Response = Response("bad Host\n", 400, media_type="text/plain")
+            await response(scope, receive, send)
+            return
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):  # a mount's path may or may not carry its prefix
+            path = path[len(root) :] or "/"
+        if self.token is not None:
+            if request.method == "POST" and path == "/login":
+                await (await self._login(request))(scope, receive, send)
+                return
+            if not self._authorized(request) and not path.startswith("/static/"):
+                await self._login_page(request, "", 401)(scope, receive, send)
+                return
+        if request.method not in ("GET", "HEAD"):
+            if request.method != "POST" or not self.actions:
+                await self.render(scope, "refused.html", {"why": "read-only"}, 403)(
+                    scope, receive, send
+                )
+                return
+            form = await read_form(request)
+            expected = self.csrf((form or {}).get("page", ""))
+            if form is None or not hmac.compare_digest(form.get("csrf", ""), expected):
+                await self.render(scope, "refused.html", {"why": "csrf"}, 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, request: Request) -> bool:
+        assert self.token is not None
+        given = request.headers.get("authorization", "")
+        if given[:7].lower() == "bearer " and hmac.compare_digest(
+            given[7:].strip().encode(), self.token.encode()
+        ):
+            return True
+        return hmac.compare_digest(request.cookies.get(COOKIE, ""), self.session)
+
+    def _login_page(self, request: Request, error: str, status: int) -> Response:
+        wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return self.render(request.scope, "login.html", {"next": wanted, "error": error}, status)
+
+    async def _login(self, request: Request) -> Response:
+        assert self.token is not None
+        form = await read_form(request) or {}
+        root = request.scope.get("root_path", "")
+        if not hmac.compare_digest(form.get("password", "").encode(), self.token.encode()):
+            return self.render(
+                request.scope, "login.html", {"next": form.get("next", ""), "error": "1"}, 401
+            )
+        wanted = form.get("next", "")
+        # Only a path of this console: never another site (an open redirect).
+        if not wanted.startswith(f"{root}/") or wanted.startswith("//") or "\\" in wanted:
+            wanted = f"{root}/"
+        response = RedirectResponse(wanted, 303)
+        response.set_cookie(COOKIE, self.session, httponly=True, samesite="strict", path=f"{root}/")
+        return response
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """A posted form (application/x-www-form-urlencoded, up to `MAX_FORM` bytes), the last
+    value of each field; None if it is not one."""
+    if "harel_form" in request.scope:
+        return dict(request.scope["harel_form"])
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return None
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            return None
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    form = {name: values[-1] for name, values in fields.items()}
+    request.scope["harel_form"] = form
+    return form
+
+
+# --- how values are shown ---
+
+
+def when(epoch: float | None) -> str:
+    if epoch is None or not math.isfinite(epoch):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def timeline(steps: list[Any]) -> dict[str, Any]:
+    """The trace steps laid out as a picture: one dot a step down a line, its distance from
+    the previous one growing with the time between them, each with its event and what it
+    moved to."""
+    rows: list[dict[str, Any]] = []
+    y = 24.0
+    first = next((s.recorded_at for s in steps if s.recorded_at is not None), None)
+    previous = first
+    for step in steps:
+        at = step.recorded_at
+        gap = 0.0 if at is None or previous is None else max(at - previous, 0.0)
+        if rows:
+            y += 30.0 + min(math.log10(1.0 + gap * 1000.0) * 12.0, 60.0)
+        entry = step.entry if isinstance(step.entry, dict) else {}
+        event = entry.get("event", entry.get("name", ""))
+        moved = entry.get("transition", entry.get("to", entry.get("state", "")))
+        rows.append(
+            {
+                "index": step.index,
+                "y": round(y, 1),
+                "offset": "" if at is None or first is None else f"+{age(at - first)}",
+                "event": str(event)[:80],
+                "moved": str(moved)[:80],
+                "json": pretty(step.entry),
+            }
+        )
+        previous = at if at is not None else previous
+    return {"rows": rows, "height": round(y + 24.0, 1)}
+
+
+def make_app(
+    databases: Databases,
+    *,
+    actions: bool,
+    token: str | None,
+    hosts: Iterable[str] = (),
+) -> ASGIApp:
+    """The console over ``databases`` (see `harel_store.ui.app`)."""
+    env = Environment(
+        loader=PackageLoader("harel_store.ui", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    env.filters.update(when=when, age=age, pretty=pretty, q=lambda s: quote(str(s), safe=""))
+    static = {
+        name: resources.files("harel_store.ui").joinpath(f"static/{name}").read_bytes()
+        for name in ("console.css", "console.js")
+    }
+    hub = Hub(databases)
+    secret = secrets.token_bytes(32)
+    guard: Guard
+
+    def render(scope: Scope, template: str, context: dict[str, Any], status: int = 200) -> Response:
+        full = {"root": scope.get("root_path", ""), "label": databases.label, **context}
+        response = HTMLResponse(env.get_template(template).render(full), status)
+        response.headers["cache-control"] = "no-store"
+        return response
+
+    def page(
+        request: Request, template: str, name: str, status: int = 200, **context: Any
+    ) -> Response:
+        root = request.scope.get("root_path", "")
+        full = {
+            "root": root,
+            "page": name,
+            "csrf": guard.csrf(name),
+            "actions": actions,
+            "fleet": databases.fleet,
+            "label": databases.label,
+            "names": databases.names,
+            "now": time.time(),
+            **context,
+        }
+        return render(request.scope, template, full, status)
+
+    async def each(method: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """``method`` on every database at once: its result, or its error, by name."""
+
+        async def one(name: str) -> dict[str, Any]:
+            try:
+                return {"name": name, "value": await databases.call(name, method, *args, **kwargs)}
+            except (StoreError, OSError) as exc:
+                return {"name": name, "error": one_line(exc)}
+
+        return list(await asyncio.gather(*(one(n) for n in databases.names)))
+
+    async def overview(request: Request) -> Response:
+        now = time.time()
+        rows = await each("stats", now)
+        for row in rows:
+            stats = row.get("value")
+            if stats is not None:
+                row["executions"] = {s: stats.executions.get(s, 0) for s in STATUSES}
+                row["executions"].update(stats.executions)
+                row["oldest"] = min(
+                    (t for t in (stats.oldest_outbox_at, stats.oldest_spawn_at) if t is not None),
+                    default=None,
+                )
+                soonest = stats.soonest_timer_at
+                row["overdue"] = (
+                    stats.now - soonest if soonest is not None and soonest < stats.now else None
+                )
+        return page(request, "overview.html", "overview", databases=rows, head=HEAD)
+
+    async def executions(request: Request) -> Response:
+        q = request.query_params
+        filters = {
+            "definition": q.get("definition", ""),
+            "status": q.get("status", ""),
+            "roots": q.get("roots", "") in ("1", "on", "true"),
+        }
+        options: dict[str, Any] = {
+            "definition_id": filters["definition"] or None,
+            "status": filters["status"] or None,
+            "roots_only": filters["roots"],
+            "limit": PAGE,
+            "cursor": q.get("cursor") or None,
+            "newest_first": True,
+        }
+        try:
+            listing = await databases.list_executions(**options)
+        except (ValueError, TypeError) as exc:
+            return page(request, "error.html", "executions", 400, error=one_line(exc))
+        except (StoreError, OSError) as exc:
+            return page(request, "error.html", "executions", 503, error=one_line(exc))
+        after = None
+        if listing.next_cursor is not None:
+            kept = {"definition": filters["definition"], "status": filters["status"]}
+            kept = {k: v for k, v in kept.items() if v}
+            if filters["roots"]:
+                kept["roots"] = "1"
+            after = urlencode({**kept, "cursor": listing.next_cursor})
+        rows = [(databases.route(s.id) if databases.fleet else "", s) for s in listing.items]
+        return page(
+            request,
+            "executions.html",
+            "executions",
+            rows=rows,
+            filters=filters,
+            statuses=STATUSES,
+            after=after,
+        )
+
+    async def execution(request: Request) -> Response:
+        execution_id = request.path_params["id"]
+        try:
+            name = databases.route(execution_id)
+            exe = await databases.call(name, "load", execution_id)
+            if exe is None:
+                return page(request, "missing.html", "execution", 404, id=execution_id)
+            steps, children, outbox, spawns, timers = await asyncio.gather(
+                databases.call(name, "trace_view", execution_id),
+                databases.call(name, "children_of", execution_id, limit=CHILDREN + 1),
+                databases.call(name, "outbox_view", target=execution_id, limit=PAGE),
+                databases.call(name, "spawns_view", parent=execution_id, limit=PAGE),
+                databases.call(name, "timers_of", execution_id),
+            )
+        except (ValueError, TypeError) as exc:
+            return page(request, "error.html", "execution", 400, error=one_line(exc))
+        except (StoreError, OSError) as exc:
+            return page(request, "error.html", "execution", 503, error=one_line(exc))
+        record = exe.model_dump(mode="json")
+        return page(
+            request,
+            "execution.html",
+            "execution",
+            db=name,
+            exe=exe,
+            record=pretty(record),
+            timeline=timeline(steps),
+            children=children[:CHILDREN],
+            more_children=len(children) > CHILDREN,
+            outbox=outbox,
+            spawns=spawns,
+            timers=timers,
+        )
+
+    async def dead(request: Request) -> Response:
+        rows = await each("dead_view", limit=DEAD)
+        return page(
+            request, "dead.html", "dead", databases=rows, done=request.query_params.get("done", "")
+        )
+
+    async def dead_action(request: Request) -> Response:
+        form = await read_form(request) or {}
+        root = request.scope.get("root_path", "")
+        name, kind, key = form.get("db", ""), form.get("kind", ""), form.get("key", "")
+        if name not in databases.names or kind not in ("outbox", "spawn", "timer"):
+            return page(request, "error.html", "dead", 400, error="no such dead letter")
+        try:
+            parsed = dead_key(kind, key)
+            if request.url.path.endswith("/revive"):
+                letter = await databases.call(name, "dead_letter", kind, parsed)
+                done = (
+                    "revived"
+                    if letter and await databases.call(name, "revive", [letter.item])
+                    else "gone"
+                )
+            else:
+                gone = await databases.call(name, "discard_dead_letter", kind, parsed)
+                done = "discarded" if gone else "gone"
+        except (ValueError, TypeError) as exc:
+            return page(request, "error.html", "dead", 400, error=one_line(exc))
+        except (StoreError, OSError) as exc:
+            return page(request, "error.html", "dead", 503, error=one_line(exc))
+        return RedirectResponse(f"{root}/dead?done={done}", 303)
+
+    async def timers(request: Request) -> Response:
+        rows = await each("timers_view", limit=TIMERS)
+        return page(request, "timers.html", "timers", databases=rows, limit=TIMERS)
+
+    async def live(request: Request) -> Response:
+        async def stream() -> AsyncIterator[bytes]:
+            async with hub.listening():
+                yield b"retry: 1000\n\n"
+                seen = hub.version
+                while True:
+                    if await hub.changed(seen, HEARTBEAT):
+                        seen = hub.version
+                        yield f"event: change\ndata: {seen}\n\n".encode()
+                        await asyncio.sleep(LIVE_GAP)  # a burst of commits is one refresh
+                    else:
+                        yield b": quiet\n\n"
+
+        headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    def static_file(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in static:
+            return Response("not found\n", 404, media_type="text/plain")
+        kind = "text/css" if name.endswith(".css") else "text/javascript"
+        return Response(static[name], media_type=kind, headers={"cache-control": "max-age=300"})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return page(request, "missing.html", "", 404, id=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await databases.close()
+
+    inner = Starlette(
+        routes=[
+            Route("/", overview),
+            Route("/executions", executions),
+            Route("/executions/{id:path}", execution),
+            Route("/dead", dead),
+            Route("/dead/revive", dead_action, methods=["POST"]),
+            Route("/dead/discard", dead_action, methods=["POST"]),
+            Route("/timers", timers),
+            Route("/live", live),
+            Route("/static/{name}", static_file),
+        ],
+        exception_handlers={404: not_found},
+        lifespan=lifespan,
+    )
+    guard = Guard(inner, token=token, actions=actions, secret=secret, hosts=hosts, render=render)
+    return guard
+
+
+def dead_key(kind: str, key: str) -> int | tuple[str, str]:
+    """A dead letter's key as a form carries it: a seq, or a timer's JSON [id, path]."""
+    if kind != "timer":
+        return int(key)
+    pair = json.loads(key)
+    if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+        raise ValueError("a timer's key is [execution_id, path]")
+    return pair[0], pair[1]
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line (a store's errors never carry a token)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:500]
