@@ -304,7 +304,17 @@ def make_app(
         loader=PackageLoader("harel_store.ui", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
-    env.filters.update(when=when, age=age, pretty=pretty, q=lambda s: quote(str(s), safe=""))
+    env.filters.update(
+        when=when,
+        age=age,
+        pretty=pretty,
+        q=lambda s: quote(str(s), safe=""),
+        dead_key=lambda letter: (
+            json.dumps([letter.item.execution_id, letter.item.path])
+            if letter.kind == "timer"
+            else str(letter.item.seq)
+        ),
+    )
     static = {
         name: resources.files("harel_store.ui").joinpath(f"static/{name}").read_bytes()
         for name in ("console.css", "console.js")
