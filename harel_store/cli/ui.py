@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import socket
 import sys
+import threading
+from types import FrameType
 
 from harel_store.cli.common import Command, database
 from harel_store.cli.output import PROG, Failure
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
 TOKEN_VARIABLE = "HAREL_UI_TOKEN"
+STOP_WITHIN = 5.0  # seconds a stopping server has to finish the requests in hand
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -81,14 +85,31 @@ def ui(args: argparse.Namespace) -> int:
         server_header=False,
     )
     server = uvicorn.Server(config)
+    # The server runs on a thread of its own; this one waits for SIGTERM or SIGINT, then ends
+    # the live streams (a server stopping waits for its responses to end) and stops it.
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="harel-store ui", daemon=True
+    )
+    thread.start()
     print(f"serving http://{shown}:{sock.getsockname()[1]}/", flush=True)
     try:
-        server.run(sockets=[sock])
+        while thread.is_alive() and not stopping.wait(1.0):
+            pass
+        console.close_streams()  # type: ignore[attr-defined]
+        server.should_exit = True
+        thread.join(STOP_WITHIN)
     finally:
         sock.close()
         if args.fleet is not None:
             source.close()  # type: ignore[union-attr]
-    return 0
+    return 0 if stopping.is_set() else 1
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

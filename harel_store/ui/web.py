@@ -74,9 +74,23 @@ class Hub:
         self._event = asyncio.Event()
         self._listeners = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False  # the server is stopping: every stream ends
+
+    def close(self) -> None:
+        """End every live stream (from any thread): a server stopping waits for them."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        self.closed = True
+        self._bump()
 
     @contextlib.asynccontextmanager
     async def listening(self) -> AsyncIterator[None]:
+        self._loop = asyncio.get_running_loop()
         self._listeners += 1
         if self._listeners == 1:
             self._tasks = [asyncio.create_task(self._watch(n)) for n in self._databases.names]
@@ -147,6 +161,7 @@ class Guard:
         self.hosts = _local_names() | {host_of(h) for h in hosts}
         self.session = self.sign("session")
         self.render = render
+        self.close_streams: Callable[[], None] = lambda: None  # (make_app: the Hub's)
 
     def sign(self, what: str) -> str:
         return hmac.new(self.secret, what.encode(), hashlib.sha256).hexdigest()
@@ -487,8 +502,10 @@ def make_app(
             async with hub.listening():
                 yield b"retry: 1000\n\n"
                 seen = hub.version
-                while True:
+                while not hub.closed:
                     if await hub.changed(seen, HEARTBEAT):
+                        if hub.closed:
+                            break
                         seen = hub.version
                         yield f"event: change\ndata: {seen}\n\n".encode()
                         await asyncio.sleep(LIVE_GAP)  # a burst of commits is one refresh
@@ -529,6 +546,7 @@ def make_app(
         lifespan=lifespan,
     )
     guard = Guard(inner, token=token, actions=actions, secret=secret, hosts=hosts, render=render)
+    guard.close_streams = hub.close
     return guard
 
 
