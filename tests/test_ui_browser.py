@@ -273,12 +273,7 @@ def test_live_update_from_another_process_on_sqld(server: Any, serve: Any, page:
         store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="console bug: a commit made after a page was rendered but before its /live stream"
-    " opened is never shown while another page keeps the hub listening (web.py live() starts"
-    " from the hub's version at connect time, console.js does not refresh on open)",
-)
+@pytest.mark.slow
 def test_a_commit_between_render_and_stream_is_shown(
     tmp_path: Path, serve: Any, context: Any
 ) -> None:

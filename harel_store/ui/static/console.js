@@ -33,7 +33,12 @@
   }
 
   var source = new EventSource(body.dataset.root + "/live");
-  source.addEventListener("open", function () { if (mark) mark.classList.add("on"); });
+  // At every (re)connection: what was committed between the page's render (or the stream's
+  // break) and now raised no event on this stream, so the page looks once.
+  source.addEventListener("open", function () {
+    if (mark) mark.classList.add("on");
+    refresh();
+  });
   source.addEventListener("error", function () { if (mark) mark.classList.remove("on"); });
   source.addEventListener("change", refresh);
 })();
