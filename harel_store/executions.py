@@ -464,10 +464,13 @@ class Executions(StoreCore):
         return self._summaries((yield statement("children_of", execution_id, rows)))
 
     @operation
-    def timers_of(self, execution_id: str) -> Plan[list[tuple[str, float]]]:
-        """The execution's armed timers as (path, fire_at), soonest first."""
+    def timers_of(
+        self, execution_id: str, *, limit: int | None = None
+    ) -> Plan[list[tuple[str, float]]]:
+        """The execution's armed timers as (path, fire_at), soonest first: the first
+        ``limit`` (1..1000; None: all)."""
         check_id(execution_id, "execution_id")
-        rows = yield statement("timers_of", execution_id)
+        rows = yield statement("timers_of", execution_id, -1 if limit is None else _page(limit))
         return [(path, at) for path, at in rows]
 
     @operation
@@ -488,11 +491,11 @@ class Executions(StoreCore):
         ]
 
     @operation
-    def trace_view(self, execution_id: str) -> Plan[list[TraceStep]]:
+    def trace_view(self, execution_id: str, *, limit: int | None = None) -> Plan[list[TraceStep]]:
         """The execution's trace ring in order, as an operator sees it: each step with its
-        index and the time it was recorded."""
+        index and the time it was recorded; only the latest ``limit`` (1..1000; None: all)."""
         check_id(execution_id, "execution_id")
-        rows = yield statement("trace_view", execution_id)
+        rows = yield statement("trace_view", execution_id, -1 if limit is None else _page(limit))
         return [
             TraceStep(idx, at, stored(f"trace step {idx} of {execution_id!r}", loads_dict, entry))
             for idx, at, entry in rows

@@ -164,6 +164,12 @@ class Waiter:
         watched = self._watched
         return watched is not None and bool(getattr(watched.watch, "live", False))
 
+    @property
+    def alone(self) -> bool:
+        """Whether no other process can write to its database (in memory): every change is
+        this process's own, and is heard."""
+        return self._watch is None
+
     def __enter__(self) -> Waiter:
         return self
 

@@ -250,8 +250,11 @@ SELECT idx, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
 
 -- name: trace_view
 -- row: idx int, recorded_at real?, entry text
--- The trace with each step's time (harel-store trace).
-SELECT idx, recorded_at, entry FROM harel_trace WHERE execution_id = ? ORDER BY idx;
+-- The trace with each step's time (harel-store trace): its latest ?2 steps (-1: all), in order.
+SELECT idx, recorded_at, entry FROM (
+    SELECT idx, recorded_at, entry FROM harel_trace WHERE execution_id = ?1
+    ORDER BY idx DESC LIMIT ?2)
+ORDER BY idx;
 
 -- name: list_executions
 -- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
@@ -1658,7 +1661,7 @@ DELETE FROM harel_timers WHERE (execution_id, path) IN (
 -- row: path text, fire_at real
 -- The execution's live timers (its dead ones are dead letters).
 SELECT path, fire_at FROM harel_timers WHERE execution_id = ? AND dead_at IS NULL
-ORDER BY fire_at, path;
+ORDER BY fire_at, path LIMIT ?;
 
 -- name: outbox_for
 -- row: seq int, target_id text?, event text

@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.fleet is not None and args.command != "ui":  # the console shows them all
             return fleet.run(args, _without_fleet(argv))
         if args.jobs is not None:
-            raise ValueError("--jobs is for --fleet: how many of its databases at once")
+            raise ValueError(
+                "--jobs is for --fleet: how many of its databases at once"
+                + (" (ui reads them all at once)" if args.command == "ui" else "")
+            )
         return run(args)
     except (Failure, StoreError) as exc:  # SchemaError says to run `harel-store migrate`
         return fail(str(exc), 1)

@@ -60,11 +60,13 @@ def ui(args: argparse.Namespace) -> int:
     source: Source
     if args.fleet is not None:
         from harel_store.cli.fleet import read_fleet
-        from harel_store.connection.url import token_from_env
-        from harel_store.fleet import Fleet
 
-        source = Fleet(read_fleet(args.fleet), auth_token=token_from_env(), migrate=False)
+        if args.url is not None or args.sync_url is not None:
+            raise ValueError("--fleet names every database: give no --url or --sync-url")
+        source = read_fleet(args.fleet)
     else:
+        if args.sync_url is not None:
+            raise ValueError("ui reads --url itself (a replica's primary: give its URL)")
         source = database(args)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
@@ -107,8 +109,6 @@ def ui(args: argparse.Namespace) -> int:
         thread.join(STOP_WITHIN)
     finally:
         sock.close()
-        if args.fleet is not None:
-            source.close()  # type: ignore[union-attr]
     return 0 if stopping.is_set() else 1
 
 

@@ -2,8 +2,10 @@
 
 ``harel_store.ui.app(source, actions=False, token=None)`` is an ASGI application over
 ``source``: a store (`LibsqlStore`, `SqliteStore`), an `AsyncLibsqlStore`, a `Fleet` or
-`AsyncFleet`, or a database as ``--url`` takes it (opened checked, never migrated; its token
-from ``HAREL_AUTH_TOKEN``). Serve it with any ASGI server, or mount it under a prefix of
+`AsyncFleet`, a database as ``--url`` takes it, or a mapping of names to such databases (a
+fleet file's). A database given by URL is opened by the console: checked, never migrated, a
+local file for reading only unless ``actions``; its token from ``HAREL_AUTH_TOKEN``.
+Serve it with any ASGI server, or mount it under a prefix of
 your own application: every link and form honours the ASGI ``root_path``.
 ``harel-store ui`` serves it with uvicorn. Needs the ``ui`` extra (Starlette, Jinja2,
 uvicorn): ``pip install 'harel-store[ui]'``.
@@ -20,7 +22,7 @@ rebinding).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,5 +56,7 @@ def app(
         raise TypeError("hosts must be an iterable of host names, not a string")
     from harel_store.connection.url import token_from_env
 
-    auth = token_from_env() if isinstance(source, (str, os.PathLike)) else ""
-    return make_app(Databases(source, auth_token=auth), actions=actions, token=token, hosts=hosts)
+    opened = isinstance(source, (str, os.PathLike, Mapping))
+    auth = token_from_env() if opened else ""
+    databases = Databases(source, auth_token=auth, writes=actions)
+    return make_app(databases, actions=actions, token=token, hosts=hosts)

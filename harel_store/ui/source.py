@@ -1,62 +1,114 @@
-"""The databases a console shows: one store, an async store, a fleet or a URL, each read
-the same way (`Databases.call`: a store method by name, awaited; a sync store's in a
-thread), each database on its own so that one that fails leaves the others shown."""
+"""The databases a console shows: one store, an async store, a fleet, a database URL or a
+fleet file's databases (name: URL), each read the same way (`Databases.call`: a store method
+by name, awaited; a sync store's in a thread), each database on its own so that one that
+fails leaves the others shown."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from harel_store.aio import AsyncLibsqlStore
-from harel_store.connection import parse_database, show
-from harel_store.fleet import AsyncFleet, Fleet
-from harel_store.store import Store
+from harel_store.connection import Connection, open_libsql, parse_database, show
+from harel_store.connection.local import open_reader
+from harel_store.errors import StoreError
+from harel_store.fleet import AsyncFleet, Fleet, _listing, _paged, rendezvous
+from harel_store.models import ExecutionPage
+from harel_store.store import Store, checked
 from harel_store.wakeup import Waiter
 
-Source = Store | AsyncLibsqlStore | Fleet | AsyncFleet | str | os.PathLike[str]
+Where = str | Path
+Source = Store | AsyncLibsqlStore | Fleet | AsyncFleet | Where | Mapping[str, Where]
+
+
+class _Opened:
+    """A database the console opens itself (a URL): checked, never migrated; a local file
+    read-only unless the console acts (so that looking writes nothing, not even the journal
+    mode); opened at first use and again after a failure, so a database that is down or
+    behind head shows its error on each page until it is back."""
+
+    def __init__(self, where: str, auth_token: str, writes: bool) -> None:
+        db = parse_database(where, auth_token)  # ValueError for a bad URL, before any I/O
+        if db.local == ":memory:":
+            raise ValueError(":memory: is no other connection's: give a file or a server")
+        if db.local is not None and not Path(db.local).exists():
+            raise ValueError(f"no database at {show(where)}")
+        self.where = where
+        self._local = None if writes else db.local
+        self._token = auth_token
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def store(self) -> Store:
+        with self._lock:
+            if self._closed:
+                raise StoreError("the console is closed")
+            if self._store is None:
+                conn: Connection
+                if self._local is not None:
+                    conn = open_reader(self._local)
+                else:
+                    conn = open_libsql(self.where, auth_token=self._token)
+                self._store = Store(checked(conn, migrate=False))
+            return self._store
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
 
 class Databases:
-    """The console's view of its source: the names of its databases (one, unnamed, for a
+    """The console's view of its source: the names of its databases (one, named "", for a
     store), where an execution lives, and each database's store methods, awaited."""
 
-    def __init__(self, source: Source, *, auth_token: str = "") -> None:
-        self._owned = False
+    def __init__(self, source: Source, *, auth_token: str = "", writes: bool = False) -> None:
+        self._opened: dict[str, _Opened] = {}
+        self._source: Any = source
         if isinstance(source, (str, os.PathLike)):
             where = os.fspath(source)
-            db = parse_database(where, auth_token)  # ValueError for a bad URL, before I/O
-            if db.local == ":memory:":
-                raise ValueError(":memory: is no other connection's: give a file or a server")
-            if db.local is not None and not Path(db.local).exists():
-                raise ValueError(f"no database at {show(where)}")
-            # Checked, never migrated: a database behind head shows its SchemaError.
-            source = Fleet({"db": where}, auth_token=auth_token, migrate=False)
-            self._owned, self.fleet = True, False
-            self.label = show(where)
+            self._opened = {"": _Opened(where, auth_token, writes)}
+            self.fleet, self.label, self.names = False, show(where), [""]
+        elif isinstance(source, Mapping):
+            if not source:
+                raise ValueError("no database to show")
+            Fleet(source, auth_token=auth_token).close()  # checked as a fleet's: no I/O
+            self._opened = {
+                name: _Opened(os.fspath(where), auth_token, writes)
+                for name, where in source.items()
+            }
+            self.fleet, self.label, self.names = True, "fleet", sorted(self._opened)
         elif isinstance(source, (Fleet, AsyncFleet)):
-            self.fleet, self.label = True, "fleet"
+            self.fleet, self.label, self.names = True, "fleet", source.names
         elif isinstance(source, (Store, AsyncLibsqlStore)):
-            self.fleet, self.label = False, repr(source)
+            self.fleet, self.label, self.names = False, repr(source), [""]
         else:
             raise TypeError(
-                "source must be a store, an async store, a Fleet, an AsyncFleet or a database"
-                f" URL, not {type(source).__name__}"
+                "source must be a store, an async store, a Fleet, an AsyncFleet, a database"
+                f" URL or a mapping of names to URLs, not {type(source).__name__}"
             )
-        self._source = source
-        self.names: list[str] = source.names if isinstance(source, (Fleet, AsyncFleet)) else [""]
 
     def route(self, execution_id: str) -> str:
-        """The name of the database ``execution_id`` lives in ("" for a single store)."""
+        """The name of the database ``execution_id`` lives in ("" for a single database)."""
         if isinstance(self._source, (Fleet, AsyncFleet)):
             return self._source.route(execution_id)
-        return ""
+        if len(self.names) == 1:
+            return self.names[0]
+        return rendezvous(self.names, execution_id)
 
     async def store(self, name: str) -> Store | AsyncLibsqlStore:
-        """The store of database ``name`` (opened on first use, in a thread if it blocks)."""
+        """The store of database ``name`` (opened on first use, in a thread: it blocks)."""
         source = self._source
+        if name in self._opened:
+            return await asyncio.to_thread(self._opened[name].store)
         if isinstance(source, Fleet):
             return await asyncio.to_thread(source.store, name)
         if isinstance(source, AsyncFleet):
@@ -72,14 +124,33 @@ class Databases:
         call = functools.partial(getattr(store, method), *args, **kwargs)
         return await asyncio.to_thread(call)
 
-    async def list_executions(self, **options: Any) -> Any:
-        """One page of the listing across every database (a fleet's own merge)."""
-        source = self._source
-        if isinstance(source, Fleet):
-            return await asyncio.to_thread(functools.partial(source.list_executions, **options))
-        if isinstance(source, AsyncFleet):
-            return await source.list_executions(**options)
-        return await self.call("", "list_executions", **options)
+    async def list_executions(self, **options: Any) -> tuple[ExecutionPage, dict[str, str]]:
+        """One page of the listing across every database (as a fleet merges them: `_paged`),
+        and the one-line error of each database that failed (its rows left out)."""
+        if not self.fleet:
+            return await self.call(self.names[0], "list_executions", **options), {}
+        every = {"updated_after": None, "updated_before": None, "id_prefix": None, **options}
+        arguments, order = _listing(**every)  # ValueError/TypeError, before any read
+        failed: dict[str, str] = {}
+        plan = _paged(self.names, arguments, order)
+        asked = next(plan)
+        while True:
+            reads = [self.call(name, "list_executions", **read) for name, read in asked.items()]
+            pages: dict[str, ExecutionPage] = {}
+            for name, got in zip(
+                asked, await asyncio.gather(*reads, return_exceptions=True), strict=True
+            ):
+                if isinstance(got, (StoreError, OSError)):
+                    failed[name] = one_line(got)
+                    pages[name] = ExecutionPage(items=[])
+                elif isinstance(got, BaseException):
+                    raise got
+                else:
+                    pages[name] = got
+            try:
+                asked = plan.send(pages)
+            except StopIteration as done:
+                return done.value, failed
 
     async def waiter(self, name: str) -> Waiter:
         """A subscription to database ``name``'s wake-up signals (`harel_store.wakeup`)."""
@@ -87,7 +158,13 @@ class Databases:
         return store._waiter()
 
     async def close(self) -> None:
-        """Close what the console opened itself (a source given to it is the caller's)."""
-        if self._owned:
-            assert isinstance(self._source, Fleet)
-            await asyncio.to_thread(self._source.close)
+        """Close what the console opened itself (a store or fleet given to it is the
+        caller's)."""
+        for opened in self._opened.values():
+            await asyncio.to_thread(opened.close)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line (a store's errors never carry a token)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:500]

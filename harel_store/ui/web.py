@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from harel_store.errors import StoreError
 from harel_store.models import STATUSES
 from harel_store.sql import HEAD
-from harel_store.ui.source import Databases
+from harel_store.ui.source import Databases, one_line
 
 PAGE = 50  # rows of a listing page
 TIMERS = 100  # armed timers shown, soonest first
@@ -41,18 +41,42 @@ NOT_LIVE_POLL = 1.0  # a database whose changes cannot be heard is looked at thi
 REOPEN = 5.0  # seconds before a database that could not be watched is tried again
 MAX_FORM = 16 * 1024  # bytes a posted form may have
 COOKIE = "harel_ui_session"
+LOGIN_PAUSE = 1.0  # seconds a wrong token waits before its answer
+TRACE = 200  # trace steps drawn: the latest
 LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 
 def _local_names() -> set[str]:
-    """This host's names and addresses (a request naming any of them is not a rebinding)."""
+    """This host's names and addresses, its interfaces' included (a request naming any of
+    them is not a rebinding)."""
     names = set(LOOPBACK)
     with contextlib.suppress(OSError):
         host = socket.gethostname()
         names |= {host.lower(), socket.getfqdn(host).lower()}
         for *_, address in socket.getaddrinfo(host, None):
             names.add(str(address[0]).lower())
-    return names
+    return names | _interface_addresses()
+
+
+def _interface_addresses() -> set[str]:
+    """The IPv4 address of each network interface (SIOCGIFADDR) and every IPv6 address
+    (/proc/net/if_inet6), where Linux tells them; nothing elsewhere."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError, ImportError):
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            for _, name in socket.if_nameindex():
+                with contextlib.suppress(OSError):
+                    request = struct.pack("256s", name.encode()[:15])
+                    answer = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
+                    found.add(socket.inet_ntoa(answer[20:24]))
+    with contextlib.suppress(OSError, ValueError), open("/proc/net/if_inet6") as table:
+        for line in table:
+            raw = bytes.fromhex(line.split()[0])
+            found.add(socket.inet_ntop(socket.AF_INET6, raw))
+    return found
 
 
 def host_of(header: str) -> str:
@@ -75,6 +99,7 @@ class Hub:
         self._listeners = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._marks: dict[str, Any] = {}  # a database without a watch: its newest execution
         self.closed = False  # the server is stopping: every stream ends
 
     def close(self) -> None:
@@ -129,13 +154,29 @@ class Hub:
                 continue
             try:
                 while True:
-                    # Heard (a file's commits, a server's notifications): wait for them;
-                    # else look as a relay would, at its poll.
-                    heard = await waiter.await_signal(3600.0 if waiter.live else NOT_LIVE_POLL)
-                    if waiter.take() or not heard:
+                    # Heard (a file's commits, a server's notifications, or this process's
+                    # own writes alone): wait for them. Else look, as a relay would, at its
+                    # poll: one cheap read for every open page, a change only if it moved.
+                    heard = waiter.live or waiter.alone
+                    if await waiter.await_signal(3600.0 if heard else NOT_LIVE_POLL):
+                        if waiter.take():
+                            self._bump()
+                    elif not heard and await self._moved(name):
                         self._bump()
             finally:
                 waiter.close()
+
+    async def _moved(self, name: str) -> bool:
+        """Whether database ``name``'s newest execution changed since the last look."""
+        try:
+            page = await self._databases.call(name, "list_executions", limit=1, newest_first=True)
+        except (StoreError, OSError):
+            return False
+        top = page.items[0] if page.items else None
+        mark = None if top is None else (top.id, top.version, top.updated_at)
+        moved = name in self._marks and self._marks[name] != mark
+        self._marks[name] = mark
+        return moved
 
 
 class Guard:
@@ -196,7 +237,7 @@ class Guard:
                 )
                 return
             form = await read_form(request)
-            expected = self.csrf((form or {}).get("page", ""))
+            expected = self.csrf(path.strip("/").split("/")[0])  # the page acted from
             if form is None or not hmac.compare_digest(form.get("csrf", ""), expected):
                 await self.render(scope, "refused.html", {"why": "csrf"}, 403)(scope, receive, send)
                 return
@@ -220,6 +261,7 @@ class Guard:
         form = await read_form(request) or {}
         root = request.scope.get("root_path", "")
         if not hmac.compare_digest(form.get("password", "").encode(), self.token.encode()):
+            await asyncio.sleep(LOGIN_PAUSE)  # a guess a second, at most, per connection
             return self.render(
                 request.scope, "login.html", {"next": form.get("next", ""), "error": "1"}, 401
             )
@@ -324,6 +366,7 @@ def make_app(
         age=age,
         pretty=pretty,
         q=lambda s: quote(str(s), safe=""),
+        exe_url=exe_url,
         dead_key=lambda letter: (
             json.dumps([letter.item.execution_id, letter.item.path])
             if letter.kind == "timer"
@@ -392,6 +435,8 @@ def make_app(
 
     async def executions(request: Request) -> Response:
         q = request.query_params
+        if "id" in q:  # an id a path cannot carry ("." and ".."): see `exe_url`
+            return await execution(request)
         filters = {
             "definition": q.get("definition", ""),
             "status": q.get("status", ""),
@@ -406,7 +451,7 @@ def make_app(
             "newest_first": True,
         }
         try:
-            listing = await databases.list_executions(**options)
+            listing, failed = await databases.list_executions(**options)
         except (ValueError, TypeError) as exc:
             return page(request, "error.html", "executions", 400, error=one_line(exc))
         except (StoreError, OSError) as exc:
@@ -427,21 +472,22 @@ def make_app(
             filters=filters,
             statuses=STATUSES,
             after=after,
+            failed=failed,
         )
 
     async def execution(request: Request) -> Response:
-        execution_id = request.path_params["id"]
+        execution_id = request.path_params.get("id", request.query_params.get("id", ""))
         try:
             name = databases.route(execution_id)
             exe = await databases.call(name, "load", execution_id)
             if exe is None:
                 return page(request, "missing.html", "execution", 404, id=execution_id)
             steps, children, outbox, spawns, timers = await asyncio.gather(
-                databases.call(name, "trace_view", execution_id),
+                databases.call(name, "trace_view", execution_id, limit=TRACE),
                 databases.call(name, "children_of", execution_id, limit=CHILDREN + 1),
                 databases.call(name, "outbox_view", target=execution_id, limit=PAGE),
                 databases.call(name, "spawns_view", parent=execution_id, limit=PAGE),
-                databases.call(name, "timers_of", execution_id),
+                databases.call(name, "timers_of", execution_id, limit=PAGE + 1),
             )
         except (ValueError, TypeError) as exc:
             return page(request, "error.html", "execution", 400, error=one_line(exc))
@@ -460,7 +506,9 @@ def make_app(
             more_children=len(children) > CHILDREN,
             outbox=outbox,
             spawns=spawns,
-            timers=timers,
+            timers=timers[:PAGE],
+            more_timers=len(timers) > PAGE,
+            more_steps=len(steps) >= TRACE,
         )
 
     async def dead(request: Request) -> Response:
@@ -523,7 +571,7 @@ def make_app(
         return Response(static[name], media_type=kind, headers={"cache-control": "max-age=300"})
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return page(request, "missing.html", "", 404, id=None)
+        return page(request, "missing.html", "", 404, id=None, stranger=True)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -550,6 +598,16 @@ def make_app(
     return guard
 
 
+def exe_url(execution_id: str) -> str:
+    """The path of an execution's page under the console's root: ``executions/ID`` (the id
+    quoted whole), or ``executions?id=ID`` for an id a path segment cannot be ("." and "..",
+    which every URL parser resolves away)."""
+    quoted = quote(str(execution_id), safe="")
+    if quoted in (".", ".."):
+        return f"/executions?id={quoted}"
+    return f"/executions/{quoted}"
+
+
 def dead_key(kind: str, key: str) -> int | tuple[str, str]:
     """A dead letter's key as a form carries it: a seq, or a timer's JSON [id, path]."""
     if kind != "timer":
@@ -558,9 +616,3 @@ def dead_key(kind: str, key: str) -> int | tuple[str, str]:
     if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
         raise ValueError("a timer's key is [execution_id, path]")
     return pair[0], pair[1]
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line (a store's errors never carry a token)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:500]
