@@ -153,6 +153,24 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "commit, 2 spawns + 1 timer: this tree / e3ed20a",
         "smoke run, JSON not written",
     ),
+    "ui": (
+        "1. server time of a page (ASGI, in this process)",
+        "/executions, first page: ",
+        "/executions, its Next page: ",
+        "/executions/{id}, 20 steps: ",
+        "2. pages over a fleet of 4 files",
+        "/ over 4 files: median",
+        "3a. a page opened alone on the idle file",
+        "3b. 10 live pages on the idle file",
+        "statements of the watch (PRAGMA data_version)",
+        "bytes of the 10 streams",
+        "3c. a commit by another process, 10 pages listening",
+        "until all 10 streams told, worst of",
+        "4. the commit path, the ui extra installed, no console",
+        "imported by commits (LibsqlStore, SqliteStore)",
+        "python -m benchmarks.instructions --against",
+        "smoke run, JSON not written",
+    ),
 }
 SERVED = {"http_client", "remote", "relays", "engine", "fleet"}  # start their own sqld
 
