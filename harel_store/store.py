@@ -90,7 +90,9 @@ class Store(Executions, Queues, Flows, Retention):
         soonest timer's fire_at, and the database's clock (``now``) to take their ages by.
         """
         now = check_finite(now, "now")
-        by_status = {status: count for status, count in (yield statement("count_by_status"))}
+        by_status = {
+            status or "unknown": count for status, count in (yield statement("count_by_status"))
+        }
         counts = yield statement("pending_counts", now)
         current = yield from revision()
         return StoreStats(current, by_status, *counts)

@@ -87,7 +87,9 @@ def raw(
     return out[0]["status"], b"".join(m.get("body", b"") for m in out)
 
 
-async def live_for(asgi: Any, seconds: float, during: Any = None) -> bytes:
+async def live_for(
+    asgi: Any, seconds: float, during: Any = None, query: bytes = b"", last: str = ""
+) -> bytes:
     """/live streamed for ``seconds`` (``during``: a coroutine run meanwhile), then the client
     goes away; what the stream sent."""
     gone = asyncio.Event()
@@ -113,9 +115,10 @@ async def live_for(asgi: Any, seconds: float, during: Any = None) -> bytes:
         "scheme": "http",
         "path": "/live",
         "raw_path": b"/live",
-        "query_string": b"",
+        "query_string": query,
         "root_path": "",
-        "headers": [(b"host", b"127.0.0.1")],
+        "headers": [(b"host", b"127.0.0.1")]
+        + ([(b"last-event-id", last.encode())] if last else []),
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
     }
@@ -449,11 +452,15 @@ def test_a_dropped_stream_leaves_no_listener_nor_watch(store: LibsqlStore) -> No
         await asyncio.to_thread(put, store, "b")
         bodies = await asyncio.gather(*streams)
         await asyncio.sleep(0.3)
+        # The watch outlives the last page for a while (a page opened next finds it warm),
+        # and ends with the application.
+        assert hub._listeners == 0 and len(hub._tasks) == 1 and hub._idle is not None
+        await hub.stop()
         return bodies[0]
 
     body = asyncio.run(main())
     assert b"event: change" in body
-    assert hub._listeners == 0 and hub._tasks == []
+    assert hub._listeners == 0 and hub._tasks == [] and hub._idle is None
     assert store.database_key not in wakeup._waiters
     assert store.database_key not in wakeup._watches
 
@@ -522,3 +529,32 @@ def test_invalid_cursors_are_400_on_a_store_and_a_fleet(tmp_path: Path) -> None:
                 answer = c.get("/executions", params={"cursor": cursor})
                 assert answer.status_code == 400, cursor
                 assert len(answer.text) < 20_000
+
+
+def test_a_stream_is_told_at_once_of_a_change_since_its_page_and_of_nothing_else(
+    store: LibsqlStore,
+) -> None:
+    """A page's stream opens a moment after its render: a commit in between is told as soon
+    as it opens (the page was rendered at `since`; a reconnection says its Last-Event-ID),
+    and with none, nothing is (no page fetches itself twice)."""
+    asgi: Any = app(store)
+    hub = asgi.close_streams.__self__
+
+    async def main() -> tuple[bytes, bytes, bytes]:
+        warm = asyncio.create_task(live_for(asgi, 4.0))  # another page keeps the watch on
+        await asyncio.sleep(0.5)
+        rendered = hub.version
+        quiet = await live_for(asgi, 0.7, query=f"since={rendered}".encode())
+        await asyncio.to_thread(put, store, "late")
+        await asyncio.sleep(0.3)
+        assert hub.version > rendered
+        told = await live_for(asgi, 0.3, query=f"since={rendered}".encode())
+        again = await live_for(asgi, 0.3, last=str(hub.version), query=b"since=0")
+        await warm
+        await hub.stop()
+        return quiet, told, again
+
+    quiet, told, again = asyncio.run(main())
+    assert b"event: change" not in quiet
+    assert b"event: change" in told
+    assert b"event: change" not in again  # Last-Event-ID wins over the page's since

@@ -35,6 +35,7 @@ PAGE = 50  # rows of a listing page
 TIMERS = 100  # armed timers shown, soonest first
 DEAD = 100  # dead letters shown, oldest first
 CHILDREN = 50  # children shown on an execution's page
+LINGER = 60.0  # seconds the watches outlive the last open page
 LIVE_GAP = 0.2  # seconds at least between two change events to one page (a burst is one)
 HEARTBEAT = 15.0  # seconds between two keep-alive comments of a quiet stream
 NOT_LIVE_POLL = 1.0  # a database whose changes cannot be heard is looked at this often
@@ -89,8 +90,12 @@ def host_of(header: str) -> str:
 
 class Hub:
     """Whether anything changed: one wake-up subscription a database while any page
-    listens (none otherwise: the console costs the commit path nothing while no page is
-    open), each change bumping `version`."""
+    listens, and `LINGER` seconds after the last one left (so that going from page to page
+    does not start the watch again each time); none otherwise: the console costs nothing
+    while no page is open. Each change bumps `version`, which every page is rendered with:
+    its stream is told at once of a change since (or since the last event it was told,
+    when it reconnects). A watch just started bumps it too: what changed before was not
+    seen."""
 
     def __init__(self, databases: Databases) -> None:
         self._databases = databases
@@ -101,6 +106,8 @@ class Hub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._marks: dict[str, Any] = {}  # a database without a watch: its newest execution
         self.closed = False  # the server is stopping: every stream ends
+        self._closing = asyncio.Event()
+        self._idle: asyncio.Task[None] | None = None  # stops the watches, LINGER s on
 
     def close(self) -> None:
         """End every live stream (from any thread): a server stopping waits for them."""
@@ -111,23 +118,48 @@ class Hub:
 
     def _close(self) -> None:
         self.closed = True
+        self._closing.set()
         self._bump()
 
     @contextlib.asynccontextmanager
     async def listening(self) -> AsyncIterator[None]:
         self._loop = asyncio.get_running_loop()
         self._listeners += 1
-        if self._listeners == 1:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if not self._tasks:
             self._tasks = [asyncio.create_task(self._watch(n)) for n in self._databases.names]
         try:
             yield
         finally:
             self._listeners -= 1
-            if self._listeners == 0:
-                tasks, self._tasks = self._tasks, []
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+            if self._listeners == 0 and self._idle is None:
+                self._idle = asyncio.create_task(self._stop_later())
+
+    async def stop(self) -> None:
+        """End the streams and the watches (the application shuts down)."""
+        self._close()
+        tasks, self._tasks = self._tasks, []
+        if self._idle is not None:
+            tasks.append(self._idle)
+            self._idle = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stop_later(self) -> None:
+        """The watches stopped `LINGER` seconds after the last page left (at once when the
+        server stops), unless a page comes back meanwhile."""
+        if not self.closed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), LINGER)
+        if self._listeners:
+            return
+        tasks, self._tasks, self._idle = self._tasks, [], None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _bump(self) -> None:
         self.version += 1
@@ -400,6 +432,7 @@ def make_app(
             "label": databases.label,
             "names": databases.names,
             "now": time.time(),
+            "version": hub.version,
             **context,
         }
         return render(request.scope, template, full, status)
@@ -549,13 +582,16 @@ def make_app(
         async def stream() -> AsyncIterator[bytes]:
             async with hub.listening():
                 yield b"retry: 1000\n\n"
-                seen = hub.version
+                # What the page was rendered at (or told last, on a reconnection): a change
+                # since then is told at once.
+                told = request.headers.get("last-event-id") or request.query_params.get("since")
+                seen = int(told) if told is not None and told.isdigit() else hub.version
                 while not hub.closed:
                     if await hub.changed(seen, HEARTBEAT):
                         if hub.closed:
                             break
                         seen = hub.version
-                        yield f"event: change\ndata: {seen}\n\n".encode()
+                        yield f"event: change\nid: {seen}\ndata: {seen}\n\n".encode()
                         await asyncio.sleep(LIVE_GAP)  # a burst of commits is one refresh
                     else:
                         yield b": quiet\n\n"
@@ -576,6 +612,7 @@ def make_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
+        await hub.stop()
         await databases.close()
 
     inner = Starlette(

@@ -32,13 +32,11 @@
       });
   }
 
-  var source = new EventSource(body.dataset.root + "/live");
-  // At every (re)connection: what was committed between the page's render (or the stream's
-  // break) and now raised no event on this stream, so the page looks once.
-  source.addEventListener("open", function () {
-    if (mark) mark.classList.add("on");
-    refresh();
-  });
+  // The version the page was rendered at: a change since then (before the stream opened) is
+  // told at once; on a reconnection the browser says the last one it was told.
+  var since = encodeURIComponent(body.dataset.version || "");
+  var source = new EventSource(body.dataset.root + "/live?since=" + since);
+  source.addEventListener("open", function () { if (mark) mark.classList.add("on"); });
   source.addEventListener("error", function () { if (mark) mark.classList.remove("on"); });
   source.addEventListener("change", refresh);
 })();
