@@ -572,20 +572,24 @@ async def bench_live(report: Report, path: Path, plan: Plan, counts: Counts) -> 
 
 
 async def live_pages(report: Report, base: str, plan: Plan, counts: Counts, helper: Child) -> None:
-    report.section(f"3a. a page opened alone on the idle file: its first {SETTLE:g} s")
+    # Cold: no page was open, so the console had no watch on the file; the watch it starts
+    # cannot tell what was committed between the page's render and its own start, and says
+    # so (one change: the page looks once). Warm (3b): a page opened while the watch runs, or
+    # within a minute of the last page leaving, is told of nothing that did not happen.
+    report.section(f"3a. a page opened alone on the idle file, cold: its first {SETTLE:g} s")
     before = counts.snapshot()
     lone = Page(base, "/executions")
     await opened([lone])
     await asyncio.sleep(SETTLE)
     moved = delta(counts.snapshot(), before)
-    report.add("change events it was told", len(lone.changes), "<= 0")
-    report.add("times it fetched itself again", len(lone.refreshed), "<= 0")
+    report.add("change events it was told (the watch's start)", len(lone.changes), "<= 1")
+    report.add("times it fetched itself again", len(lone.refreshed), "<= 1")
     if lone.changes:
         after = ms(lone.changes[0] - lone.opened_at)
         report.add("its first change event, after its stream opened", after, unit="ms")
     report.add("console calls, its first fetch included (informative)", moved["console"])
     await lone.close()
-    await asyncio.sleep(0.5)  # the watch stops with its last waiter
+    await asyncio.sleep(0.5)  # the watch outlives its last page (a minute): 3b opens warm
 
     report.section(f"3b. {PAGES} live pages on the idle file, {plan.idle:g} s")
     urls = ["/", "/executions", f"/executions/{FEATURED}", "/dead", "/timers"]

@@ -160,7 +160,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "/executions/{id}, 20 steps: ",
         "2. pages over a fleet of 4 files",
         "/ over 4 files: median",
-        "3a. a page opened alone on the idle file",
+        "3a. a page opened alone on the idle file, cold",
         "3b. 10 live pages on the idle file",
         "statements of the watch (PRAGMA data_version)",
         "bytes of the 10 streams",
