@@ -685,7 +685,7 @@ def before_console() -> tuple[str, str]:
     added = git("log", "--diff-filter=A", "--format=%H", "--", "harel_store/ui/__init__.py")
     if added:
         return git("rev-parse", "--short", f"{added.splitlines()[-1]}^"), "the console's parent"
-    return git("rev-parse", "--short", git("merge-base", "HEAD", "main")), "merge-base with main"
+    return "HEAD", "the console is not committed yet: HEAD"
 
 
 def bench_commit_path(report: Report, plan: Plan) -> None:
@@ -699,11 +699,8 @@ def bench_commit_path(report: Report, plan: Plan) -> None:
         shown = ", ".join(modules) or "none"
         report.add(f"of {', '.join(WATCHED)}: imported by {step}", shown, "none", met=not modules)
     revision, how = before_console()
-    merge_base = git("rev-parse", "--short", git("merge-base", "HEAD", "main"))
     command = f"python -m benchmarks.instructions --against {revision}"
-    print(
-        f"  the revision before the console: {revision} ({how}; merge-base with main {merge_base})"
-    )
+    print(f"  the revision before the console: {revision} ({how})")
     print(f"  instructions a commit, this tree / {revision}: {command}", flush=True)
     report.add("instructions a commit: the command", command)
     if not plan.instructions:

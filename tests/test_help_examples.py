@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
@@ -149,6 +152,9 @@ def test_the_example_runs_as_written(example: str, seeded: Path, tmp_path: Path)
             "UPDATE harel_timers SET fire_at = ? WHERE path = 'main.retry'", (time.time() - 1,)
         )
     env = shell_env(bin_dir, HAREL_DATABASE_URL=str(database))
+    if example.startswith(f"{PROG} ui"):
+        serve(example, work, env)
+        return
     run = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {example}"],
         capture_output=True,
@@ -169,3 +175,29 @@ def test_the_example_runs_as_written(example: str, seeded: Path, tmp_path: Path)
     if "--json" in example and "|" not in example:
         for line in run.stdout.splitlines():
             json.loads(line)
+
+
+def serve(example: str, work: Path, env: dict[str, str]) -> None:
+    """A console example: it serves (on a free port: its own may be taken by another test)
+    until SIGTERM, which it exits on with 0 and no traceback; its page answers meanwhile."""
+    (work / "fleet.txt").write_text("main state.db\n")
+    command = re.sub(r"--listen \S+", "", example) + " --listen 127.0.0.1:0"
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {command}"], cwd=work, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "it never said where it serves"
+        line = proc.stdout.readline().decode()
+        assert re.fullmatch(r"serving http://127\.0\.0\.1:\d+/\n", line), line
+        with urllib.request.urlopen(line.split()[1], timeout=30) as page:
+            assert page.status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and b"Traceback" not in err, err

@@ -143,8 +143,8 @@ once it accepts connections; SIGTERM or Ctrl-C stops it.
 examples:
   {PROG} ui --url state.db
   {PROG} ui --url http://127.0.0.1:8080 --actions
+  {PROG} ui --fleet fleet.txt --listen 127.0.0.1:9000
   {TOKEN_VARIABLE}=$(openssl rand -hex 16) {PROG} ui --listen 0.0.0.0:8765
-  {PROG} --fleet fleet.txt ui
 """,
         ui,
         configure,
