@@ -264,6 +264,22 @@ class DeadLetter(NamedTuple):
     last_error: str | None
 
 
+class DeadView(NamedTuple):
+    """A dead letter as an operator sees it (`dead_view`): its ``kind`` and ``key`` (as
+    `dead_letter` and `discard_dead_letter` take it: a seq, a timer's (execution_id, path)),
+    the `DeadLetter` (None when what it holds cannot be read: ``problem`` says why; it can
+    still be discarded), when it died (the database's clock; None if unknown), its attempts
+    and last error."""
+
+    kind: DeadKind
+    key: int | tuple[str, str]
+    letter: DeadLetter | None
+    died_at: float | None
+    attempts: int
+    last_error: str | None
+    problem: str | None
+
+
 class PendingOutbox(NamedTuple):
     """An undelivered outbox entry as an operator sees it: who emitted it (``source_id``,
     None before 0005), when (``created_at``, the database's clock; None before 0002), which

@@ -45,6 +45,7 @@ from harel_store.models import (
     ClaimedWork,
     DeadKind,
     DeadLetter,
+    DeadView,
     DueTimer,
     Event,
     OutboxEntry,
@@ -285,6 +286,18 @@ def dead_letter(row: Sequence[Any]) -> DeadLetter:
     else:
         item = due_timer(rest[:3])
     return DeadLetter(kind, item, attempts, last_error)
+
+
+def _dead_view(row: Sequence[Any]) -> DeadView:
+    """A row of the dead_letters query as `DeadView`: decoded if it can be."""
+    kind, died_at, attempts, last_error, seq, execution_id, path, *_ = row
+    key: int | tuple[str, str] = seq if kind != "timer" else (execution_id, path)
+    try:
+        letter: DeadLetter | None = dead_letter(row)
+        problem = None
+    except StoreError as exc:
+        letter, problem = None, str(exc)
+    return DeadView(kind, key, letter, died_at, attempts, last_error, problem)
 
 
 CLAIMED = "left claimed and skipped: ack it once dealt with"
@@ -809,12 +822,12 @@ class Queues(StoreCore):
         return letters
 
     @operation
-    def dead_view(self, *, limit: int = 100) -> Plan[list[tuple[DeadLetter, float | None]]]:
-        """`dead_letters` of every kind, each with when it died (epoch seconds, the
-        database's clock; None for one set aside before that was kept)."""
+    def dead_view(self, *, limit: int = 100) -> Plan[list[DeadView]]:
+        """The first ``limit`` (1..1000) dead letters of every kind, oldest first, as an
+        operator sees them (`DeadView`): a corrupt one too, with what is wrong with it."""
         rows = yield statement("dead_letters", _page(limit), None)
-        views = decoded(rows, lambda row: (dead_letter(row), row[1]), "skipped")
-        stamped([letter.item for letter, _ in views], self._conn.key)
+        views = [_dead_view(row) for row in rows]
+        stamped([v.letter.item for v in views if v.letter is not None], self._conn.key)
         return views
 
     @operation

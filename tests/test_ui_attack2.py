@@ -63,7 +63,6 @@ def hub_of(asgi: Any) -> Any:
 # --- defects ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="?since=² or 5000 digits: isdigit() passes, int() raises")
 def test_a_stream_survives_any_since(store: LibsqlStore) -> None:
     """`live` takes ``since``/Last-Event-ID with ``str.isdigit()``, true of '²' and of
     5000 digits, both of which int() refuses: the stream dies with a ValueError (a traceback
@@ -82,9 +81,6 @@ def test_a_stream_survives_any_since(store: LibsqlStore) -> None:
         assert body.startswith(b"retry: 1000")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a dead letter the store cannot decode is counted, not listed"
-)
 def test_a_corrupt_dead_letter_can_be_discarded_from_the_console(
     store: LibsqlStore, tmp_path: Path
 ) -> None:
@@ -131,7 +127,6 @@ def test_revive_never_resets_an_item_that_lives_again(store: LibsqlStore) -> Non
     assert store.claim_outbox("w3") == []
 
 
-@pytest.mark.xfail(strict=True, reason="_Opened holds its lock across a hung open: pages queue")
 def test_a_hung_fleet_database_holds_no_page_beyond_its_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,9 +164,6 @@ def test_a_hung_fleet_database_holds_no_page_beyond_its_timeout(
     assert max(took) < 2.5, took  # about the timeout, not 4 of them
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the poll of a database without a watch looks at executions only"
-)
 def test_a_database_heard_by_no_watch_still_tells_a_dead_letter_going(
     store: LibsqlStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -211,9 +203,6 @@ def test_a_database_heard_by_no_watch_still_tells_a_dead_letter_going(
     assert b"event: change" in told
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a database without a watch is polled every 1 s for 60 s, no page open"
-)
 def test_no_page_open_no_poll(store: LibsqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a database heard by no watch (`deaf_watch`, as a server without
     notifications), `Hub._watch` keeps polling once a second through the 60 s linger,
@@ -243,7 +232,6 @@ def test_no_page_open_no_poll(store: LibsqlStore, monkeypatch: pytest.MonkeyPatc
     assert reads == []
 
 
-@pytest.mark.xfail(strict=True, reason="the hub's asyncio.Event is bound to the first loop ever")
 def test_the_console_streams_on_a_second_event_loop(store: LibsqlStore) -> None:
     """The hub's events and tasks are made once (make_app) and bound to the first loop a
     stream ran on: the same application served again on another loop (a second server run
@@ -260,7 +248,6 @@ def test_the_console_streams_on_a_second_event_loop(store: LibsqlStore) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="uvicorn's log config needs sys.stdout: exit 2 without one")
 def test_the_cli_serves_with_stdout_closed(tmp_path: Path) -> None:
     """`harel-store ui >&-` (a daemon started with its stdout closed): it never serves;
     "harel-store: error: Unable to configure formatter 'default'", exit 2 (uvicorn's
@@ -362,7 +349,10 @@ def test_many_pages_of_a_fleet_with_a_dead_member_leak_no_thread_nor_fd(tmp_path
         threads, files = threading.active_count(), fds()
         for i in range(80):
             assert c.get("/" if i % 2 else "/executions").status_code == 200
-        assert threading.active_count() <= threads + 1 and fds() <= files + 1
+        # The loop's default executor may still grow to its size (a request's reads run in
+        # parallel), no further: 80 requests that leaked a thread each would show.
+        pool = min(32, (os.cpu_count() or 1) + 4)
+        assert threading.active_count() <= threads + pool and fds() <= files + 1
         if fleet is not None:
             fleet.close()
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import signal
@@ -80,6 +81,7 @@ def ui(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     config = uvicorn.Config(
         console,
+        log_config=None,  # uvicorn's own writes to stdout, which may be closed
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -100,7 +102,9 @@ def ui(args: argparse.Namespace) -> int:
         target=server.run, kwargs={"sockets": [sock]}, name="harel-store ui", daemon=True
     )
     thread.start()
-    print(f"serving http://{shown}:{sock.getsockname()[1]}/", flush=True)
+    if sys.stdout is not None:
+        with contextlib.suppress(OSError):  # nobody reads it (closed, a reader gone)
+            print(f"serving http://{shown}:{sock.getsockname()[1]}/", flush=True)
     try:
         while thread.is_alive() and not stopping.wait(1.0):
             pass

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from harel_store.fleet import AsyncFleet, Fleet, _listing, _paged, rendezvous
 from harel_store.models import ExecutionPage
 from harel_store.store import Store, checked
 from harel_store.wakeup import Waiter
+
+FAILED_FOR = 5.0  # seconds a database that failed to open answers with that failure
 
 Where = str | Path
 Source = Store | AsyncLibsqlStore | Fleet | AsyncFleet | Where | Mapping[str, Where]
@@ -44,18 +47,35 @@ class _Opened:
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._failed: tuple[float, str] | None = None  # until when, and why
+
+    @property
+    def ready(self) -> Store | None:
+        return self._store
 
     def store(self) -> Store:
+        """The store, opened now if it is not (at most one opening at a time: `Databases`
+        has callers wait their turn on its loop, not in threads); after a failure, that
+        failure again for `FAILED_FOR` seconds, so a database that is down costs its pages
+        its timeout once, not each."""
         with self._lock:
             if self._closed:
                 raise StoreError("the console is closed")
-            if self._store is None:
+            if self._store is not None:
+                return self._store
+            if self._failed is not None and time.monotonic() < self._failed[0]:
+                raise StoreError(self._failed[1])
+            try:
                 conn: Connection
                 if self._local is not None:
                     conn = open_reader(self._local)
                 else:
                     conn = open_libsql(self.where, auth_token=self._token)
                 self._store = Store(checked(conn, migrate=False))
+            except StoreError as exc:
+                self._failed = (time.monotonic() + FAILED_FOR, str(exc))
+                raise
+            self._failed = None
             return self._store
 
     def close(self) -> None:
@@ -72,6 +92,7 @@ class Databases:
 
     def __init__(self, source: Source, *, auth_token: str = "", writes: bool = False) -> None:
         self._opened: dict[str, _Opened] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
         self._source: Any = source
         if isinstance(source, (str, os.PathLike)):
             where = os.fspath(source)
@@ -108,7 +129,12 @@ class Databases:
         """The store of database ``name`` (opened on first use, in a thread: it blocks)."""
         source = self._source
         if name in self._opened:
-            return await asyncio.to_thread(self._opened[name].store)
+            opened = self._opened[name]
+            if opened.ready is not None:
+                return opened.ready
+            lock = self._opening.setdefault(name, asyncio.Lock())
+            async with lock:  # one opening at a time, the others waiting here, not in threads
+                return await asyncio.to_thread(opened.store)
         if isinstance(source, Fleet):
             return await asyncio.to_thread(source.store, name)
         if isinstance(source, AsyncFleet):

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import secrets
 import socket
 import time
@@ -123,7 +124,10 @@ class Hub:
 
     @contextlib.asynccontextmanager
     async def listening(self) -> AsyncIterator[None]:
-        self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # served again, on another loop: what was bound is gone
+            self._loop, self._event, self._closing = loop, asyncio.Event(), asyncio.Event()
+            self._tasks, self._idle, self._listeners = [], None, 0
         self._listeners += 1
         if self._idle is not None:
             self._idle.cancel()
@@ -193,19 +197,24 @@ class Hub:
                     if await waiter.await_signal(3600.0 if heard else NOT_LIVE_POLL):
                         if waiter.take():
                             self._bump()
-                    elif not heard and await self._moved(name):
+                    elif not heard and self._listeners and await self._moved(name):
                         self._bump()
             finally:
                 waiter.close()
 
     async def _moved(self, name: str) -> bool:
-        """Whether database ``name``'s newest execution changed since the last look."""
+        """Whether database ``name`` changed since the last look (one read: the counts of
+        the overview, and its newest execution; a page's own change shows in one of them)."""
         try:
-            page = await self._databases.call(name, "list_executions", limit=1, newest_first=True)
+            stats = await self._databases.call(name, "stats", time.time())
+            newest = await self._databases.call(name, "list_executions", limit=1, newest_first=True)
         except (StoreError, OSError):
             return False
-        top = page.items[0] if page.items else None
-        mark = None if top is None else (top.id, top.version, top.updated_at)
+        top = newest.items[0] if newest.items else None
+        mark = (
+            stats._replace(now=0.0),
+            None if top is None else (top.id, top.version, top.updated_at),
+        )
         moved = name in self._marks and self._marks[name] != mark
         self._marks[name] = mark
         return moved
@@ -399,11 +408,7 @@ def make_app(
         pretty=pretty,
         q=lambda s: quote(str(s), safe=""),
         exe_url=exe_url,
-        dead_key=lambda letter: (
-            json.dumps([letter.item.execution_id, letter.item.path])
-            if letter.kind == "timer"
-            else str(letter.item.seq)
-        ),
+        dead_key=lambda view: json.dumps(list(view.key)) if view.kind == "timer" else str(view.key),
     )
     static = {
         name: resources.files("harel_store.ui").joinpath(f"static/{name}").read_bytes()
@@ -546,9 +551,8 @@ def make_app(
 
     async def dead(request: Request) -> Response:
         rows = await each("dead_view", limit=DEAD)
-        return page(
-            request, "dead.html", "dead", databases=rows, done=request.query_params.get("done", "")
-        )
+        done = request.query_params.get("done", "")
+        return page(request, "dead.html", "dead", databases=rows, done=done, limit=DEAD)
 
     async def dead_action(request: Request) -> Response:
         form = await read_form(request) or {}
@@ -585,7 +589,8 @@ def make_app(
                 # What the page was rendered at (or told last, on a reconnection): a change
                 # since then is told at once.
                 told = request.headers.get("last-event-id") or request.query_params.get("since")
-                seen = int(told) if told is not None and told.isdigit() else hub.version
+                digits = told is not None and re.fullmatch(r"[0-9]{1,18}", told) is not None
+                seen = int(told) if digits and told is not None else hub.version
                 while not hub.closed:
                     if await hub.changed(seen, HEARTBEAT):
                         if hub.closed:
