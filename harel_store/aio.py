@@ -200,6 +200,7 @@ class AsyncLibsqlStore:
     attempts_of = awaitable(Store.attempts_of)
     dead_letters = awaitable(Store.dead_letters)
     dead_view = awaitable(Store.dead_view)
+    revive_dead_letter = awaitable(Store.revive_dead_letter)
     read_trace = awaitable(Store.read_trace)
     trace_view = awaitable(Store.trace_view)
     load_definition = awaitable(Store.load_definition)

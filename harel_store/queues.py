@@ -845,6 +845,28 @@ class Queues(StoreCore):
         return letter
 
     @operation
+    def revive_dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[bool]:
+        """Revive the dead letter of ``kind`` with ``key`` (as `dead_letter` names it) as
+        `revive` does, only while it is dead: True if it was. A row live again meanwhile (and
+        maybe claimed since) is left alone, which `revive` of a letter read before would
+        not do."""
+        keyed = _dead_key(
+            kind, key, "revive_dead_outbox_entry", "revive_dead_spawn", "revive_dead_timer"
+        )
+        if keyed is None:
+            return False
+        batch = Batch()
+        step = batch.add(*keyed)
+        seqs = [keyed[1]] if kind != "timer" else []
+        items = Items([], seqs if kind == "outbox" else [], seqs if kind == "spawn" else [], [])
+        _add_rerank(batch, items, None)  # its turn from where the claims stand, as revive's
+        results = yield batch
+        if results[step]:
+            signal = {"outbox": wakeup.OUTBOX, "spawn": wakeup.SPAWN}.get(kind, wakeup.TIMER)
+            self._notify([signal])
+        return bool(results[step])
+
+    @operation
     def discard_dead_letter(self, kind: str, key: int | tuple[str, str]) -> Plan[bool]:
         """Remove the dead letter of ``kind`` with ``key`` (as `dead_letter` names it),
         whatever it holds: one whose stored event or context is corrupt (which `dead_letter`

@@ -1634,6 +1634,25 @@ FROM harel_timers WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
 -- One dead letter removed by its key, whatever it holds (an event or a context that no
 -- longer decodes included); a live row with that key is left alone: discard by key.
 
+-- name: revive_dead_outbox_entry!
+-- The dead letter of seq ?1 live again (as revive_outbox), only while it is dead: an entry
+-- revived meanwhile, and maybe claimed since, is left alone (the console's Revive).
+UPDATE harel_outbox
+SET seq = -seq, attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL,
+    flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = harel_outbox.flow_key)
+WHERE seq = -?1;
+
+-- name: revive_dead_spawn!
+UPDATE harel_spawns
+SET seq = -seq, attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL,
+    flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = harel_spawns.flow_key)
+WHERE seq = -?1;
+
+-- name: revive_dead_timer!
+UPDATE harel_timers SET attempts = 0, claimed_by = NULL, claimed_until = NULL, dead_at = NULL,
+    flowed = EXISTS (SELECT 1 FROM harel_flows WHERE key = harel_timers.flow_key)
+WHERE execution_id = ?1 AND path = ?2 AND dead_at IS NOT NULL;
+
 -- name: discard_dead_outbox_entry!
 DELETE FROM harel_outbox WHERE seq = -?1;
 

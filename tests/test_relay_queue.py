@@ -326,6 +326,28 @@ def test_revive_makes_a_dead_letter_claimable_at_once_and_ack_discards_one(store
     assert store.claim_outbox("w3", max_attempts=1) == [first]
 
 
+def test_revive_dead_letter_revives_only_what_is_still_dead(store: Any) -> None:
+    """Each kind by its key, as the console's Revive: True and claimable at once while
+    dead; False, and a worker's claim left alone, once it lives again (a second click)."""
+    seed(store)
+    claimed(store, max_attempts=1)
+    elapse(store, 30.0)
+    assert claimed(store, max_attempts=1) == []
+    first, second, spawn, t1, t2 = (d.item for d in store.dead_letters())
+    keys = [("outbox", first.seq), ("spawn", spawn.seq), ("timer", tuple(t1)[:2])]
+    assert [store.revive_dead_letter(kind, key) for kind, key in keys] == [True] * 3
+    assert claimed(store, "w2", max_attempts=1) == [first, spawn, t1]
+    assert [store.revive_dead_letter(kind, key) for kind, key in keys] == [False] * 3
+    assert claimed(store, "w3") == []  # w2's claims stand
+    assert store.revive_dead_letter("outbox", 999) is False
+    assert store.revive_dead_letter("outbox", 0) is False
+    with pytest.raises(ValueError):
+        store.revive_dead_letter("nope", 1)
+    with pytest.raises(TypeError):
+        store.revive_dead_letter("timer", "x")
+    assert [d.item for d in store.dead_letters()] == [second, t2]
+
+
 def test_rearming_a_dead_timer_makes_it_live_at_its_new_time(store: Any) -> None:
     source = seed(store)
     store.claim_due_timers("w1", 10.0, max_attempts=1)

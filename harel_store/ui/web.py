@@ -563,12 +563,8 @@ def make_app(
         try:
             parsed = dead_key(kind, key)
             if request.url.path.endswith("/revive"):
-                letter = await databases.call(name, "dead_letter", kind, parsed)
-                done = (
-                    "revived"
-                    if letter and await databases.call(name, "revive", [letter.item])
-                    else "gone"
-                )
+                revived = await databases.call(name, "revive_dead_letter", kind, parsed)
+                done = "revived" if revived else "gone"
             else:
                 gone = await databases.call(name, "discard_dead_letter", kind, parsed)
                 done = "discarded" if gone else "gone"
