@@ -228,6 +228,7 @@ def test_a_foreign_host_is_400(store: LibsqlStore) -> None:
     assert allowed.get("/").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_token_guards_every_request_and_the_login_sets_a_session(store: LibsqlStore) -> None:
     put(store, "a")
     c = client(store, token="s3cret-token")

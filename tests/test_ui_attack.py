@@ -249,6 +249,7 @@ def test_the_login_page_tells_a_stranger_nothing_of_the_database(
     assert status == 404 and str(tmp_path).encode() not in body
 
 
+@pytest.mark.slow
 def test_an_idle_database_without_a_watch_is_not_polled(tmp_path: Path) -> None:
     async def main() -> bytes:
         with LibsqlStore(":memory:") as s:
@@ -441,6 +442,7 @@ def test_forms_that_are_not_the_pages_are_refused(store: LibsqlStore) -> None:
     assert [getattr(d.item, "seq", None) for d in store.dead_letters()] == [seq]
 
 
+@pytest.mark.slow
 def test_a_dropped_stream_leaves_no_listener_nor_watch(store: LibsqlStore) -> None:
     asgi: Any = app(store)
     hub = asgi.close_streams.__self__
@@ -477,6 +479,7 @@ def test_a_database_behind_head_is_shown_so_and_not_migrated(tmp_path: Path) -> 
     assert in_child(db, "SELECT version_num FROM alembic_version") == old
 
 
+@pytest.mark.slow
 def test_fleet_errors_carry_no_token_and_a_hung_database_times_out(tmp_path: Path) -> None:
     with LibsqlStore(tmp_path / "a.db") as s:
         put(s, "a-1")
@@ -531,6 +534,7 @@ def test_invalid_cursors_are_400_on_a_store_and_a_fleet(tmp_path: Path) -> None:
                 assert len(answer.text) < 20_000
 
 
+@pytest.mark.slow
 def test_a_stream_is_told_at_once_of_a_change_since_its_page_and_of_nothing_else(
     store: LibsqlStore,
 ) -> None:

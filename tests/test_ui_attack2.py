@@ -156,6 +156,7 @@ def test_a_hung_fleet_database_holds_no_page_beyond_its_timeout(
     assert max(took) < 2.5, took  # about the timeout, not 4 of them
 
 
+@pytest.mark.slow
 def test_a_database_heard_by_no_watch_still_tells_a_dead_letter_going(
     store: LibsqlStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,6 +196,7 @@ def test_a_database_heard_by_no_watch_still_tells_a_dead_letter_going(
     assert b"event: change" in told
 
 
+@pytest.mark.slow
 def test_no_page_open_no_poll(store: LibsqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a database heard by no watch (`deaf_watch`, as a server without
     notifications), `Hub._watch` keeps polling once a second through the 60 s linger,
