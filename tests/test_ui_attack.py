@@ -548,12 +548,12 @@ def test_a_stream_is_told_at_once_of_a_change_since_its_page_and_of_nothing_else
         warm = asyncio.create_task(live_for(asgi, 4.0))  # another page keeps the watch on
         await asyncio.sleep(0.5)
         rendered = hub.version
-        quiet = await live_for(asgi, 0.7, query=f"since={rendered}".encode())
+        quiet = await live_for(asgi, 0.7, query=f"since={hub.boot}-{rendered}".encode())
         await asyncio.to_thread(put, store, "late")
         await asyncio.sleep(0.3)
         assert hub.version > rendered
-        told = await live_for(asgi, 0.3, query=f"since={rendered}".encode())
-        again = await live_for(asgi, 0.3, last=str(hub.version), query=b"since=0")
+        told = await live_for(asgi, 0.3, query=f"since={hub.boot}-{rendered}".encode())
+        again = await live_for(asgi, 0.3, last=f"{hub.boot}-{hub.version}", query=b"since=0")
         await warm
         await hub.stop()
         return quiet, told, again

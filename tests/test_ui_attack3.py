@@ -93,13 +93,11 @@ def port_of(url: str) -> int:
 # --- defects: guards ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a non-ASCII session cookie: TypeError in compare_digest")
 def test_a_non_ascii_session_cookie_is_a_401_not_a_crash(store: LibsqlStore) -> None:
     cookie = [(b"cookie", "harel_ui_session=\xe9t\xe9".encode("latin-1"))]
     assert raw(app(store, token="tok"), "/", headers=cookie)[0] == 401
 
 
-@pytest.mark.xfail(strict=True, reason="a non-ASCII csrf field: TypeError in compare_digest")
 def test_a_non_ascii_csrf_field_is_a_403_not_a_crash(store: LibsqlStore) -> None:
     seq = dead_entry(store)
     body = f"csrf=%C3%A9&db=&kind=outbox&key={seq}".encode()
@@ -108,7 +106,6 @@ def test_a_non_ascii_csrf_field_is_a_403_not_a_crash(store: LibsqlStore) -> None
     assert len(store.dead_letters()) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a non-ASCII token never passes as Bearer (latin-1 header)")
 def test_a_non_ascii_token_passes_as_a_bearer_header(store: LibsqlStore) -> None:
     token = "h\u00e9llo w\u00f6rld"
     asgi = app(store, token=token)
@@ -123,9 +120,6 @@ def test_a_non_ascii_token_passes_as_a_bearer_header(store: LibsqlStore) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, reason="event ids restart at 0 with the process: a reconnecting page misses"
-)
 def test_a_page_reconnecting_to_a_restarted_console_is_told_what_changed(tmp_path: Path) -> None:
     # Two console processes one after the other (two stores, two apps). A page of the first
     # was told event id N. While it reconnects, the second console's counter reaches N
@@ -254,7 +248,6 @@ def test_a_mounted_console_closes_the_database_it_opened(tmp_path: Path) -> None
     assert opened.ready is None, "the database is still open after the application stopped"
 
 
-@pytest.mark.xfail(strict=True, reason="the docs' mount example closes the store it serves")
 def test_the_docs_mount_example_serves_when_run_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -321,7 +314,6 @@ def test_every_child_of_an_execution_is_reachable(store: LibsqlStore) -> None:
     assert len(found) == 60, f"{len(found)} of 60 children reachable"
 
 
-@pytest.mark.xfail(strict=True, reason="outbox/spawns to an execution cut at 50, silently")
 def test_an_execution_page_says_when_its_pending_outbox_is_cut(store: LibsqlStore) -> None:
     put(store, "x")
     src = put(store, "src")
@@ -332,7 +324,6 @@ def test_an_execution_page_says_when_its_pending_outbox_is_cut(store: LibsqlStor
     assert "shown" in section, "50 of 60 entries shown, and nothing says there are more"
 
 
-@pytest.mark.xfail(strict=True, reason="a purged parent stays a link, to a 404")
 def test_a_purged_parent_is_no_dead_link(store: LibsqlStore) -> None:
     put(store, "mom")
     put(store, "kid", parent_id="mom")
@@ -344,7 +335,6 @@ def test_a_purged_parent_is_no_dead_link(store: LibsqlStore) -> None:
         assert c.get(href).status_code == 200, f"the parent link {href} is a 404"
 
 
-@pytest.mark.xfail(strict=True, reason="a step recorded before the first reads '+0 ms'")
 def test_the_timeline_does_not_hide_a_step_recorded_out_of_order() -> None:
     steps = [
         TraceStep(1, 100.0, {"event": "a"}),
@@ -414,7 +404,6 @@ def test_a_live_swap_keeps_an_unsent_filter(tmp_path: Path, serve: Any, context:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="with a token, a restart logs every open page out for good")
 def test_with_a_token_an_open_page_survives_a_restart(
     tmp_path: Path, serve: Any, context: Any
 ) -> None:

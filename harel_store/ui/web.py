@@ -38,7 +38,10 @@ DEAD = 100  # dead letters shown, oldest first
 CHILDREN = 50  # children shown on an execution's page
 LINGER = 60.0  # seconds the watches outlive the last open page
 LIVE_GAP = 0.2  # seconds at least between two change events to one page (a burst is one)
-HEARTBEAT = 15.0  # seconds between two keep-alive comments of a quiet stream
+HEARTBEAT = 15.0
+# A stream ends after this long (the browser reconnects at once, saying the last change it
+# was told): a server stopping, which waits for its responses to end, waits no longer.
+STREAM_FOR = 30.0  # seconds between two keep-alive comments of a quiet stream
 NOT_LIVE_POLL = 1.0  # a database whose changes cannot be heard is looked at this often
 REOPEN = 5.0  # seconds before a database that could not be watched is tried again
 MAX_FORM = 16 * 1024  # bytes a posted form may have
@@ -101,6 +104,8 @@ class Hub:
     def __init__(self, databases: Databases) -> None:
         self._databases = databases
         self.version = 0
+        # Which process counts: a version told by another (a restarted console) says nothing.
+        self.boot = secrets.token_hex(4)
         self._event = asyncio.Event()
         self._listeners = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -241,7 +246,11 @@ class Guard:
         self.actions = actions
         self.secret = secret
         self.hosts = _local_names() | {host_of(h) for h in hosts}
-        self.session = self.sign("session")
+        # Derived from the token (not the process's key): a session outlives a restart of the
+        # console, and is not the token.
+        self.session = hmac.new(
+            (token or "").encode(), b"harel-store ui session", hashlib.sha256
+        ).hexdigest()
         self.render = render
         self.close_streams: Callable[[], None] = lambda: None  # (make_app: the Hub's)
 
@@ -279,7 +288,8 @@ class Guard:
                 return
             form = await read_form(request)
             expected = self.csrf(path.strip("/").split("/")[0])  # the page acted from
-            if form is None or not hmac.compare_digest(form.get("csrf", ""), expected):
+            given = (form or {}).get("csrf", "").encode("utf-8", "surrogateescape")
+            if form is None or not hmac.compare_digest(given, expected.encode()):
                 await self.render(scope, "refused.html", {"why": "csrf"}, 403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -287,11 +297,12 @@ class Guard:
     def _authorized(self, request: Request) -> bool:
         assert self.token is not None
         given = request.headers.get("authorization", "")
-        if given[:7].lower() == "bearer " and hmac.compare_digest(
-            given[7:].strip().encode(), self.token.encode()
-        ):
+        # Header values come decoded as latin-1: their bytes, as the client sent them.
+        sent = given[7:].encode("latin-1", "replace")
+        if given[:7].lower() == "bearer " and hmac.compare_digest(sent, self.token.encode()):
             return True
-        return hmac.compare_digest(request.cookies.get(COOKIE, ""), self.session)
+        cookie = request.cookies.get(COOKIE, "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(cookie, self.session.encode())
 
     def _login_page(self, request: Request, error: str, status: int) -> Response:
         wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -301,7 +312,8 @@ class Guard:
         assert self.token is not None
         form = await read_form(request) or {}
         root = request.scope.get("root_path", "")
-        if not hmac.compare_digest(form.get("password", "").encode(), self.token.encode()):
+        password = form.get("password", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(password, self.token.encode()):
             await asyncio.sleep(LOGIN_PAUSE)  # a guess a second, at most, per connection
             return self.render(
                 request.scope, "login.html", {"next": form.get("next", ""), "error": "1"}, 401
@@ -380,7 +392,7 @@ def timeline(steps: list[Any]) -> dict[str, Any]:
             {
                 "index": step.index,
                 "y": round(y, 1),
-                "offset": "" if at is None or first is None else f"+{age(at - first)}",
+                "offset": "" if at is None or first is None else offset(at - first),
                 "event": str(event)[:80],
                 "moved": str(moved)[:80],
                 "json": pretty(step.entry),
@@ -388,6 +400,11 @@ def timeline(steps: list[Any]) -> dict[str, Any]:
         )
         previous = at if at is not None else previous
     return {"rows": rows, "height": round(y + 24.0, 1)}
+
+
+def offset(seconds: float) -> str:
+    """A step's time from the first one's, signed (another writer's clock may be behind)."""
+    return f"+{age(seconds)}" if seconds >= 0 else f"-{age(-seconds)} (before the first)"
 
 
 def make_app(
@@ -437,7 +454,7 @@ def make_app(
             "label": databases.label,
             "names": databases.names,
             "now": time.time(),
-            "version": hub.version,
+            "version": f"{hub.boot}-{hub.version}",
             **context,
         }
         return render(request.scope, template, full, status)
@@ -523,14 +540,21 @@ def make_app(
             steps, children, outbox, spawns, timers = await asyncio.gather(
                 databases.call(name, "trace_view", execution_id, limit=TRACE),
                 databases.call(name, "children_of", execution_id, limit=CHILDREN + 1),
-                databases.call(name, "outbox_view", target=execution_id, limit=PAGE),
-                databases.call(name, "spawns_view", parent=execution_id, limit=PAGE),
+                databases.call(name, "outbox_view", target=execution_id, limit=PAGE + 1),
+                databases.call(name, "spawns_view", parent=execution_id, limit=PAGE + 1),
                 databases.call(name, "timers_of", execution_id, limit=PAGE + 1),
             )
         except (ValueError, TypeError) as exc:
             return page(request, "error.html", "execution", 400, error=one_line(exc))
         except (StoreError, OSError) as exc:
             return page(request, "error.html", "execution", 503, error=one_line(exc))
+        parent_gone = False
+        if exe.parent_id is not None:  # purged meanwhile: no link to a 404
+            try:
+                where = databases.route(exe.parent_id)
+                parent_gone = await databases.call(where, "load", exe.parent_id) is None
+            except (ValueError, TypeError, StoreError, OSError):
+                parent_gone = False
         record = exe.model_dump(mode="json")
         return page(
             request,
@@ -542,8 +566,11 @@ def make_app(
             timeline=timeline(steps),
             children=children[:CHILDREN],
             more_children=len(children) > CHILDREN,
-            outbox=outbox,
-            spawns=spawns,
+            outbox=outbox[:PAGE],
+            spawns=spawns[:PAGE],
+            parent_gone=parent_gone,
+            more_outbox=len(outbox) > PAGE,
+            more_spawns=len(spawns) > PAGE,
             timers=timers[:PAGE],
             more_timers=len(timers) > PAGE,
             more_steps=len(steps) >= TRACE,
@@ -585,16 +612,22 @@ def make_app(
                 # What the page was rendered at (or told last, on a reconnection): a change
                 # since then is told at once.
                 told = request.headers.get("last-event-id") or request.query_params.get("since")
-                digits = told is not None and re.fullmatch(r"[0-9]{1,18}", told) is not None
-                seen = int(told) if digits and told is not None else hub.version
-                while not hub.closed:
-                    if await hub.changed(seen, HEARTBEAT):
+                seen = hub.version
+                if told:  # ours, or another process's (a restart): then a change, maybe
+                    mark = re.fullmatch(r"([0-9a-f]{8})-([0-9]{1,18})", told)
+                    ours = mark is not None and mark.group(1) == hub.boot
+                    seen = int(mark.group(2)) if mark is not None and ours else -1
+                ends = time.monotonic() + STREAM_FOR
+                while not hub.closed and time.monotonic() < ends:
+                    quiet = min(HEARTBEAT, max(ends - time.monotonic(), 0.0))
+                    if await hub.changed(seen, quiet):
                         if hub.closed:
                             break
                         seen = hub.version
-                        yield f"event: change\nid: {seen}\ndata: {seen}\n\n".encode()
+                        told = f"{hub.boot}-{seen}"
+                        yield f"event: change\nid: {told}\ndata: {told}\n\n".encode()
                         await asyncio.sleep(LIVE_GAP)  # a burst of commits is one refresh
-                    else:
+                    elif time.monotonic() < ends:
                         yield b": quiet\n\n"
 
         headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
