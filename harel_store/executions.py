@@ -455,13 +455,17 @@ class Executions(StoreCore):
 
     @operation
     def children_of(
-        self, execution_id: str, *, limit: int | None = None
+        self, execution_id: str, *, limit: int | None = None, after: str | None = None
     ) -> Plan[list[ExecutionSummary]]:
         """Summaries of the executions whose parent is ``execution_id``, ordered by id: the
-        first ``limit`` (1..1000; None: all)."""
+        first ``limit`` (1..1000; None: all), of those whose id sorts after ``after`` if
+        given (the last id of the page before: the next page)."""
         check_id(execution_id, "execution_id")
+        if after is not None:
+            check_id(after, "after")
         rows = -1 if limit is None else _page(limit)
-        return self._summaries((yield statement("children_of", execution_id, rows)))
+        since = "" if after is None else after
+        return self._summaries((yield statement("children_of", execution_id, since, rows)))
 
     @operation
     def timers_of(

@@ -1730,10 +1730,11 @@ ORDER BY fire_at, execution_id, path LIMIT ?2;
 
 -- name: children_of
 -- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?
+-- The children whose id sorts after ?2 ('' for the first page), in id order (the parent index).
 -- Operator queries read a NULL summary (see count_by_status) as status 'unknown'.
 SELECT id, definition_id, version, COALESCE(status, 'unknown'), outcome, active_path,
        parent_id, finished_at, created_at, updated_at
-FROM harel_executions WHERE parent_id = ? ORDER BY id LIMIT ?;
+FROM harel_executions WHERE parent_id = ? AND id > ? ORDER BY id LIMIT ?;
 
 -- name: execution_tree
 -- row: id text, definition_id text, version int, status text, outcome text?, active_path text?, parent_id text?, finished_at real?, created_at real?, updated_at real?

@@ -37,7 +37,7 @@ TIMERS = 100  # armed timers shown, soonest first
 DEAD = 100  # dead letters shown, oldest first
 CHILDREN = 50  # children shown on an execution's page
 LINGER = 60.0  # seconds the watches outlive the last open page
-LIVE_GAP = 0.2  # seconds at least between two change events to one page (a burst is one)
+LIVE_GAP = 0.2  # seconds at least between two change events to one page, however many commits
 HEARTBEAT = 15.0
 # A stream ends after this long (the browser reconnects at once, saying the last change it
 # was told): a server stopping, which waits for its responses to end, waits no longer.
@@ -532,6 +532,7 @@ def make_app(
 
     async def execution(request: Request) -> Response:
         execution_id = request.path_params.get("id", request.query_params.get("id", ""))
+        children_after = request.query_params.get("children_after") or None
         try:
             name = databases.route(execution_id)
             exe = await databases.call(name, "load", execution_id)
@@ -539,7 +540,9 @@ def make_app(
                 return page(request, "missing.html", "execution", 404, id=execution_id)
             steps, children, outbox, spawns, timers = await asyncio.gather(
                 databases.call(name, "trace_view", execution_id, limit=TRACE),
-                databases.call(name, "children_of", execution_id, limit=CHILDREN + 1),
+                databases.call(
+                    name, "children_of", execution_id, limit=CHILDREN + 1, after=children_after
+                ),
                 databases.call(name, "outbox_view", target=execution_id, limit=PAGE + 1),
                 databases.call(name, "spawns_view", parent=execution_id, limit=PAGE + 1),
                 databases.call(name, "timers_of", execution_id, limit=PAGE + 1),
@@ -565,7 +568,12 @@ def make_app(
             record=pretty(record),
             timeline=timeline(steps),
             children=children[:CHILDREN],
-            more_children=len(children) > CHILDREN,
+            children_after=children_after,
+            next_children=(
+                child_page(execution_id, children[CHILDREN - 1].id)
+                if len(children) > CHILDREN
+                else None
+            ),
             outbox=outbox[:PAGE],
             spawns=spawns[:PAGE],
             parent_gone=parent_gone,
@@ -626,7 +634,7 @@ def make_app(
                         seen = hub.version
                         told = f"{hub.boot}-{seen}"
                         yield f"event: change\nid: {told}\ndata: {told}\n\n".encode()
-                        await asyncio.sleep(LIVE_GAP)  # a burst of commits is one refresh
+                        await asyncio.sleep(LIVE_GAP)  # a burst: one refresh per gap, its last told
                     elif time.monotonic() < ends:
                         yield b": quiet\n\n"
 
@@ -677,6 +685,12 @@ def exe_url(execution_id: str) -> str:
     if quoted in (".", ".."):
         return f"/executions?id={quoted}"
     return f"/executions/{quoted}"
+
+
+def child_page(execution_id: str, after: str) -> str:
+    """The path of an execution's page showing its children after ``after`` (by id)."""
+    path = exe_url(execution_id)
+    return path + ("&" if "?" in path else "?") + urlencode({"children_after": after})
 
 
 def dead_key(kind: str, key: str) -> int | tuple[str, str]:
