@@ -87,10 +87,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+def _global_options(
+    parser: argparse.ArgumentParser, default: object, refused: tuple[str, ...] = ()
+) -> None:
     """--url, --sync-url, --fleet and --jobs: on the top parser (``default`` None) and on
     each command's (``default`` SUPPRESS, so one given after the command overrides one given
-    before it, and one left out after it leaves the one before alone)."""
+    before it, and one left out after it leaves the one before alone). Those ``refused``
+    are still parsed (the command says why it refuses one) but left out of its help."""
+
+    def shown(option: str, text: str) -> str:
+        return argparse.SUPPRESS if option in refused else text
+
     where = parser.add_argument_group("database")
     where.add_argument(
         "--url",
@@ -101,7 +108,7 @@ def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
         "--sync-url",
         metavar="URL",
         default=default,
-        help="open --url as an embedded replica of this primary",
+        help=shown("--sync-url", "open --url as an embedded replica of this primary"),
     )
     many = parser.add_argument_group("fleet")
     many.add_argument(
@@ -115,7 +122,7 @@ def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
         type=limit,
         metavar="N",
         default=default,
-        help=f"with --fleet: how many databases at once (default {fleet.JOBS})",
+        help=shown("--jobs", f"with --fleet: how many databases at once (default {fleet.JOBS})"),
     )
 
 
@@ -152,8 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=TOP_HELP, formatter_class=raw)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _global_options(parser, None)
-    common = _Parser(add_help=False)
-    _global_options(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         p = sub.add_parser(
@@ -161,13 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
             help=command.summary,
             description=command.summary,
             epilog=command.epilog,
-            parents=[common],
             formatter_class=raw,
         )
+        _global_options(p, argparse.SUPPRESS, command.refuses)
         p.set_defaults(run=command.run)
         command.configure(p)
         for nested in _actions_of(p):  # `flow set ... --url X` as `flow --url X set ...`
-            _global_options(nested, argparse.SUPPRESS)
+            _global_options(nested, argparse.SUPPRESS, command.refuses)
     return parser
 
 

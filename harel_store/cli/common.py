@@ -27,13 +27,15 @@ MAX_SPAN = 100 * 365 * 86400.0  # seconds: any longer duration is a typo
 
 class Command(NamedTuple):
     """One subcommand: its name, one-line summary, ``--help`` epilog (with examples), what
-    it runs, and what adds its own arguments to its parser."""
+    it runs, what adds its own arguments to its parser, and the global options it refuses
+    (left out of its ``--help``)."""
 
     name: str
     summary: str
     epilog: str
     run: Callable[[argparse.Namespace], int]
     configure: Callable[[argparse.ArgumentParser], None]
+    refuses: tuple[str, ...] = ()
 
 
 def database(args: argparse.Namespace) -> str:

@@ -152,5 +152,6 @@ examples:
 """,
         ui,
         configure,
+        refuses=("--sync-url", "--jobs"),
     )
 ]
