@@ -159,6 +159,28 @@ def test_a_summary_changed_behind_the_stores_back_is_written_whole(store: Any) -
     summaries_mirror_data(store)
 
 
+def test_children_come_in_pages_by_id(store: Any) -> None:
+    store.save(new("p"))
+    for name in ("k3", "k1", "k4", "k2", "k5"):
+        exe = new(name)
+        exe.parent_id = "p"
+        store.save(exe)
+    other = new("k0")
+    other.parent_id = "q"  # another parent's child, sorting first: in no page of p's
+    store.save(other)
+    first = [s.id for s in store.children_of("p", limit=2)]
+    assert first == ["k1", "k2"]
+    second = [s.id for s in store.children_of("p", limit=2, after=first[-1])]
+    assert second == ["k3", "k4"]
+    assert [s.id for s in store.children_of("p", after="k4")] == ["k5"]
+    assert store.children_of("p", limit=2, after="k5") == []
+    assert [s.id for s in store.children_of("p", after="a")] == ["k1", "k2", "k3", "k4", "k5"]
+    with pytest.raises(TypeError, match="after"):
+        store.children_of("p", after=5)
+    with pytest.raises(ValueError, match="after"):
+        store.children_of("p", after="")
+
+
 # --- commit: one transaction ---
 
 
