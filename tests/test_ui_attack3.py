@@ -24,7 +24,7 @@ import pytest
 from harel_store import Event, LibsqlStore, TimerOp
 from harel_store.models import TraceStep
 from harel_store.ui import app
-from harel_store.ui.web import timeline
+from harel_store.ui.web import LIVE_GAP, timeline
 from tests import test_ui_browser
 from tests.test_ui import Client, _close_clients, dead_entry, put  # noqa: F401
 from tests.test_ui_attack import live_for, raw
@@ -166,17 +166,22 @@ def test_a_long_burst_of_commits_is_told_at_most_five_times_a_second_and_to_its_
             put(store, f"b{n}")
             time.sleep(0.03)
 
+    took: list[float] = []
+
     async def during() -> None:
         await asyncio.sleep(0.6)  # a watch just started may bring one change of its own
         at.append(hub.version)
+        start = time.monotonic()
         await asyncio.to_thread(burst)
+        took.append(time.monotonic() - start)  # 0.9 s, more on busy cores
         await asyncio.sleep(0.5)  # the burst's last change, told
         at.append(hub.version)
 
     told = asyncio.run(live_for(console, 2.2, during=during()))
     after = [int(i.split(b"-")[-1]) for i in re.findall(rb"^id: (\S+)$", told, re.M)]
     after = [n for n in after if n > at[0]]
-    assert 2 <= len(after) <= 6, told  # 0.9 s at one per 0.2 s at most, the last included
+    most = int(took[0] / LIVE_GAP) + 2  # one per 0.2 s at most, the last included
+    assert 2 <= len(after) <= most, (took, told)
     assert after[-1] == at[1], told
 
 

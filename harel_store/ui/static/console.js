@@ -16,15 +16,25 @@
     return name === "open" && element.nodeName === "DETAILS";
   }
 
-  function same(old, fresh) {
-    return old.nodeType === fresh.nodeType && old.nodeName === fresh.nodeName &&
-      (old.nodeType !== 1 || (old.id === fresh.id && old.getAttribute("name") === fresh.getAttribute("name")));
+  // What a node stands for across refreshes: a row's data-key (an execution, a dead letter,
+  // a timer...), or an id; null for a node known by its place among the unkeyed ones.
+  function key(node) {
+    if (node.nodeType !== 1) return null;
+    var k = node.getAttribute("data-key");
+    return k !== null ? k : node.id ? "#" + node.id : null;
   }
 
-  // Makes `old` show what `fresh` shows, changing only what differs: a node whose text did
-  // not change stays the same node, so a selection in it, the focus and a field's input stay.
+  function same(old, fresh) {
+    return old.nodeType === fresh.nodeType && old.nodeName === fresh.nodeName &&
+      (old.nodeType !== 1 || old.getAttribute("name") === fresh.getAttribute("name"));
+  }
+
+  // Makes `old` show what `fresh` shows, changing only what differs: a keyed node is the one
+  // with its key (a row stays the same node when rows come and go around it), the others are
+  // paired in order; a node whose text did not change stays the same node, so a selection in
+  // it, the focus and a field's input stay with what they were on.
   function merge(old, fresh) {
-    var i, attribute;
+    var i, j, attribute, child;
     for (i = old.attributes.length - 1; i >= 0; i--) {
       attribute = old.attributes[i];
       if (!fresh.hasAttribute(attribute.name) && !own(old, attribute.name)) old.removeAttribute(attribute.name);
@@ -35,25 +45,48 @@
         old.setAttribute(attribute.name, attribute.value);
       }
     }
-    var olds = Array.prototype.slice.call(old.childNodes);
-    var freshes = Array.prototype.slice.call(fresh.childNodes);
-    for (i = 0; i < freshes.length; i++) {
-      var a = olds[i], b = freshes[i];
-      if (!a) old.appendChild(b);
-      else if (!same(a, b)) old.replaceChild(b, a);
-      else if (a.nodeType === 1) merge(a, b);
-      else if (a.nodeValue !== b.nodeValue) a.nodeValue = b.nodeValue;
+    var keyed = Object.create(null), loose = [];
+    for (child = old.firstChild; child; child = child.nextSibling) {
+      var k = key(child);
+      if (k !== null && !(k in keyed)) keyed[k] = child;
+      else if (k === null) loose.push(child);
     }
-    for (i = freshes.length; i < olds.length; i++) old.removeChild(olds[i]);
+    var wanted = [], next = 0, freshes = Array.prototype.slice.call(fresh.childNodes);
+    for (i = 0; i < freshes.length; i++) {
+      var b = freshes[i], kb = key(b), a = null;
+      if (kb !== null) {
+        if (kb in keyed && same(keyed[kb], b)) { a = keyed[kb]; delete keyed[kb]; }
+      } else {
+        for (j = next; j < loose.length; j++) {
+          if (same(loose[j], b)) { a = loose[j]; next = j + 1; break; }
+        }
+      }
+      if (a === null) wanted.push(b);
+      else {
+        if (a.nodeType === 1) merge(a, b);
+        else if (a.nodeValue !== b.nodeValue) a.nodeValue = b.nodeValue;
+        wanted.push(a);
+      }
+    }
+    // What is no longer there goes first, so that the nodes kept mostly stand in place
+    // already (a node moved loses the focus and any selection in it).
+    var kept = new Set(wanted);
+    Array.prototype.slice.call(old.childNodes).forEach(function (node) {
+      if (!kept.has(node)) old.removeChild(node);
+    });
+    for (i = 0; i < wanted.length; i++) {
+      if (old.childNodes[i] !== wanted[i]) old.insertBefore(wanted[i], old.childNodes[i] || null);
+    }
   }
 
   function refresh() {
     if (busy) { again = true; return; }
     busy = true;
     fetch(location.href, { credentials: "same-origin", headers: { "X-Harel-Live": "1" } })
-      .then(function (r) { return r.ok ? r.text() : null; })
+      // An answer that is not a success is shown too (an execution purged: "not found"; a
+      // database failing: its error), as a fresh load would show it.
+      .then(function (r) { return r.text(); })
       .then(function (html) {
-        if (html === null) return;
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("content");
         var now = document.getElementById("content");
         if (fresh && now) {
