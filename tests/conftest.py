@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 
 from harel_store import AsyncLibsqlStore, LibsqlStore, SqliteStore
 from harel_store.connection.local import import_libsql
-from tests.helpers import SyncFacade
+from tests.helpers import SIGINT_LEFT, SyncFacade
 
 Opener = Callable[..., Any]
 
@@ -35,6 +37,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     while the many short ones run beside it, instead of a long one starting last and
     leaving the other workers idle while it ends."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """SIGINT's handler and this thread's blocking of it, as the test found them, after it:
+    a test of a KeyboardInterrupt relies on them (one lost its interrupt twice in CI)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    changed = []
+    if signal.getsignal(signal.SIGINT) is not handler:
+        changed.append(f"handler {signal.getsignal(signal.SIGINT)!r}")
+        signal.signal(signal.SIGINT, handler)
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        changed.append("blocked")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if changed:
+        SIGINT_LEFT.append(f"{request.node.nodeid}: {', '.join(changed)}")
 
 
 def _async_opener(loop: asyncio.AbstractEventLoop) -> Opener:
