@@ -29,7 +29,7 @@ from tests import test_ui_browser
 from tests.test_ui import Client, _close_clients, dead_entry, put  # noqa: F401
 from tests.test_ui_attack import live_for, raw
 from tests.test_ui_attack2 import hub_of
-from tests.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _stop, watch_live
+from tests.test_ui_browser import _stop, watch_live
 
 UI = [sys.executable, "-m", "harel_store", "ui"]
 serve = test_ui_browser.serve  # `harel-store ui` processes, stopped (SIGTERM: status 0)
@@ -46,27 +46,11 @@ def store(tmp_path: Path) -> Iterator[LibsqlStore]:
 def browser() -> Iterator[Any]:
     """Chromium for one test (test_ui_browser's is the module's: its Playwright loop, left
     running in this thread, would break this module's in-process clients)."""
-    from playwright.sync_api import sync_playwright
-
-    driver = sync_playwright().start()
-    try:
-        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-    finally:
-        driver.stop()
+    with test_ui_browser.launched() as chromium:
+        yield chromium
 
 
-@pytest.fixture
-def context(browser: Any, serve: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport=VIEWPORT)
-    ctx.set_default_timeout(10_000)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
+context = test_ui_browser.context  # a fresh context a test, over this module's browser
 
 
 def ids_on(page: str) -> list[str]:

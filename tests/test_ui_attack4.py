@@ -26,7 +26,7 @@ from harel_store.ui import app
 from harel_store.ui.web import exe_url
 from tests import test_ui_browser
 from tests.test_ui import Client, _close_clients, put  # noqa: F401
-from tests.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, watch_live
+from tests.test_ui_browser import watch_live
 
 serve = test_ui_browser.serve  # `harel-store ui` processes, stopped (SIGTERM: status 0)
 LIVE = 3000  # ms a live update is given here (2 busy cores)
@@ -42,27 +42,11 @@ def store(tmp_path: Path) -> Iterator[LibsqlStore]:
 def browser() -> Iterator[Any]:
     """Chromium for one test (as test_ui_attack3's: this module's in-process clients need
     no Playwright loop left running in this thread)."""
-    from playwright.sync_api import sync_playwright
-
-    driver = sync_playwright().start()
-    try:
-        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-    finally:
-        driver.stop()
+    with test_ui_browser.launched() as chromium:
+        yield chromium
 
 
-@pytest.fixture
-def context(browser: Any, serve: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport=VIEWPORT)
-    ctx.set_default_timeout(10_000)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
+context = test_ui_browser.context  # a fresh context a test, over this module's browser
 
 
 def refreshed(page: Any) -> int:
@@ -153,12 +137,7 @@ def test_a_focused_action_button_keeps_its_letter_when_rows_shift(
 ) -> None:
     db = tmp_path / "state.db"
     with LibsqlStore(db) as writer:
-        writer.commit(
-            Execution(id="sender", definition_id="mailer"),
-            [(t, Event(name="deliver")) for t in ("ta", "tb", "tc")],
-        )
-        writer.fail("relay", writer.claim_outbox("relay", max_attempts=1), error="boom")
-        assert writer.claim_outbox("relay", max_attempts=1) == []  # now dead letters
+        test_ui_browser.dead_letters(writer, "ta", "tb", "tc")
         seq = {d.item.target_id: d.item.seq for d in writer.dead_letters()}
         console = serve("--url", str(db), "--actions")
         page = context.new_page()

@@ -10,6 +10,7 @@ into DIR (``HAREL_UI_SCREENSHOTS=docs/img``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,8 +159,9 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Console]]:
 # --- the browser ---
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+@contextlib.contextmanager
+def launched() -> Iterator[Any]:
+    """Debian's Chromium under Playwright, closed after (with Playwright's loop)."""
     if not Path(CHROMIUM).exists():
         # Not a skip: CI can run these (.ci/run installs it), and a skip would hide that.
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (as .ci/run does)")
@@ -174,6 +176,12 @@ def browser() -> Iterator[Any]:
             chromium.close()
     finally:
         driver.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with launched() as chromium:
+        yield chromium
 
 
 @pytest.fixture
