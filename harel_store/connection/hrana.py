@@ -146,6 +146,7 @@ class _Wire:
         "part",
         "positions",
         "request",
+        "saved",
         "start",
         "stmts",
         "write",
@@ -156,6 +157,7 @@ class _Wire:
             request = request.statement
         self.request = request
         self.write = isinstance(request, Batch)
+        self.saved = False  # in a group: laid out between a savepoint and its release
         if not isinstance(request, Batch):
             self.part = _json({"type": "execute", "stmt": _stmt(request)})
             return
@@ -229,6 +231,21 @@ class _Wire:
 
 
 def _group_part(group: list[_Pending]) -> bytes:
+    """Several writes as one transaction, written optimistically: every member's steps one
+    after the other, each run only if the one before succeeded, COMMIT once the last did,
+    ROLLBACK if it did not run. If a member's step fails, the whole transaction rolls back
+    and `HranaConnection._settle` sends the group again laid out by `_saved_part`, where
+    that member fails alone: two statements a member saved while none fails."""
+    if any(pending.wire.saved for pending in group):
+        return _saved_part(group)
+    steps = [_step(None, _BEGIN_JSON)]
+    for pending in group:
+        pending.wire.place(steps)
+        pending.wire.conflict = None
+    return _finish(group, steps)
+
+
+def _saved_part(group: list[_Pending]) -> bytes:
     """Several writes as one transaction: each member between a SAVEPOINT and its RELEASE,
     run only once the member before it was released; a member whose step failed is rolled
     back to its savepoint (and its conflict read) before its release, so that it fails
@@ -245,6 +262,13 @@ def _group_part(group: list[_Pending]) -> bytes:
         wire._conflict_read(steps)
         done = _any(_ok(wire.last), _ok(undo))
         steps.append(_step(done, _RELEASE_JSON))
+    return _finish(group, steps)
+
+
+def _finish(group: list[_Pending], steps: list[bytes]) -> bytes:
+    """The group's COMMIT (run if the step before it succeeded) and ROLLBACK (if it did not
+    run) after ``steps``; each member told where they are and where every member's own
+    steps are."""
     commit = len(steps)
     steps.append(_step(_ok(commit - 1), _COMMIT_JSON))
     steps.append(_step(_failed(commit), _ROLLBACK_JSON))
@@ -254,6 +278,15 @@ def _group_part(group: list[_Pending]) -> bytes:
     for pending in group:
         pending.wire.commit, pending.wire.members = commit, members
     return b'{"type":"batch","batch":{"steps":[' + b",".join(steps) + b"]}}"
+
+
+def _member_failed(wire: _Wire, first: dict[str, Any]) -> bool:
+    """Whether a step of a member of the group that ``wire`` was laid out in failed (in the
+    group's one result ``first``); a reply of another shape raises KeyError, TypeError or IndexError."""
+    if first["type"] != "ok":
+        return False
+    errors = first["response"]["result"]["step_errors"]
+    return any(errors[j] is not None for j in wire.members)
 
 
 def _error(error: Any) -> dict[str, Any]:
@@ -682,13 +715,18 @@ class HranaConnection:
             expected = 2 if one else len(todo) + 1
             if not isinstance(results, list) or len(results) != expected:
                 raise ValueError(f"{expected} results expected")
+            replay = one and not todo[0].wire.saved and _member_failed(todo[0].wire, results[0])
             if one:  # every member reads its part of the one result
                 results = [results[0]] * len(todo)
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
             for pending in todo:
                 pending.settle(None, self._garbled(pending.wire, exc))
                 yield pending
             return [], 0.0
+        if replay:  # written optimistically, a member failed: again, each in a savepoint
+            for pending in todo:
+                pending.wire.saved = True
+            return todo, 0.0
         pause = min(0.002 * 2**tries, 0.05) * random.uniform(0.5, 1.5)
         in_time = time.monotonic() + pause - started < self._busy_timeout
         again = []
