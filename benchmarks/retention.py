@@ -500,7 +500,7 @@ MARKER_SHAPES: dict[str, run.Shape] = {
 
 def bench_wal_markers(report: Report, tmp: Path) -> None:
     """WAL frames appended per commit, bare sqlite3 NORMAL: before, 0001..0006, 0008, 0010 and the
-    old marker insert; after, schema.sql with mark_processed + note_marker."""
+    old marker insert; after, schema.sql with mark_processed (and its trigger, 0012)."""
     report.section(f"WAL pages per typical commit ({run.WAL_COMMITS} commits), before / after 0007")
     for first, label in ((False, "typical"), (True, "first marker")):
         line, pages = f"wal pages/commit {label}", {}

@@ -131,7 +131,7 @@ def store_commits(store: Store, n: int, trace: bool) -> Callable[[], float]:
 # A commit's write shape: the schema it runs on (scripts of sql/, in order), its CAS update and
 # its dedupe marker's statements (SQL, bind).
 Shape = tuple[tuple[str, ...], str, tuple[tuple[str, Callable[..., Any]], ...]]
-MARKS = tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed", "note_marker"))
+MARKS = tuple((QUERIES[q].sql, QUERIES[q].bind) for q in ("mark_processed",))  # its trigger
 # Revision 0002 (markers, timers and trace as rowid tables) and the later migrations that only
 # add columns and indexes, so that the statements of queries.sql run on it.
 PREVIOUS = tuple(

@@ -220,8 +220,7 @@ class Executions(StoreCore):
                 for (target, event), key in zip(outbox, outbox_keys, strict=True)
             ]
             if processed_event_id is not None:
-                batch.add("mark_processed", exe.id, processed_event_id)
-                batch.add("note_marker", exe.id, processed_event_id)
+                batch.add("mark_processed", exe.id, processed_event_id)  # and markers_since
             for row, key in zip(spawn_rows, spawn_keys, strict=True):
                 batch.add("insert_spawn", exe.id, *row, traced, key)
             for op in timer_ops:

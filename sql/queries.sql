@@ -1407,16 +1407,6 @@ SELECT tree.root, e.id, e.version,
 FROM tree CROSS JOIN harel_executions AS e ON e.id = tree.id -- CROSS: tree first, e by key
 ORDER BY tree.at, tree.root, e.id <> tree.root, e.id;
 
--- name: note_marker!
--- A commit that records marker (?1, ?2) keeps its execution's markers_since at the time of
--- its oldest marker: written when it had none (or the clock went back), so on most commits
--- this reads one row and writes nothing.
-UPDATE harel_executions
-SET markers_since = (
-    SELECT recorded_at FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2)
-WHERE id = ?1 AND (markers_since IS NULL OR markers_since > (
-    SELECT recorded_at FROM harel_processed_events WHERE execution_id = ?1 AND event_id = ?2));
-
 -- name: forget_markers!
 -- Up to ?2 markers recorded before ?1, of the first ?2 executions whose oldest marker is
 -- (every one of them has at least one: markers_since is exact).

@@ -85,6 +85,13 @@ CREATE TABLE harel_processed_events (
     recorded_at REAL,
     PRIMARY KEY (execution_id, event_id)
 ) WITHOUT ROWID;
+-- A marker's insert keeps its execution's markers_since (0012): within the insert's statement.
+CREATE TRIGGER harel_processed_events_since AFTER INSERT ON harel_processed_events
+BEGIN
+    UPDATE harel_executions SET markers_since = NEW.recorded_at
+    WHERE id = NEW.execution_id
+      AND (markers_since IS NULL OR markers_since > NEW.recorded_at);
+END;
 
 CREATE TABLE harel_timers (
     execution_id TEXT NOT NULL,

@@ -34,7 +34,7 @@ HOT = {
     "list_oldest", "mark_dead_outbox", "mark_dead_spawns", "mark_dead_timers", "ack_spawns",
     "fail_outbox", "fail_spawns", "fail_timer", "extend_outbox", "extend_spawns",
     "extend_timer", "revive_outbox", "revive_spawns", "revive_timer", "dead_letters",
-    "release_outbox", "release_spawns", "release_timer", "attempts_of", "note_marker",
+    "release_outbox", "release_spawns", "release_timer", "attempts_of",
     "finished_trees", "forget_markers", "renew_markers_since", "purge_dead_outbox",
     "purge_dead_spawns", "purge_dead_timers", "purge_children_left", "orphan_trees",
     "stored_definition", "flows_in_use", "work_ahead", "work_ahead_flows", "held_by",
@@ -185,8 +185,14 @@ def test_retention_walks_its_own_indexes_oldest_first(conn: Any) -> None:
         walk = "SEARCH harel_executions USING INDEX harel_executions_markers (markers_since<?)"
         assert walk in plan, plan
         assert not [s for s in plan if "TEMP B-TREE" in s], plan
-    # A commit's marker reads its execution's markers_since by primary key, the marker too.
-    assert _plan(conn, "note_marker")[0].endswith("sqlite_autoindex_harel_executions_1 (id=?)")
+    # A commit's marker keeps its execution's markers_since (0012's trigger) by primary key.
+    (body,) = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'harel_processed_events_since'"
+    ).fetchone()
+    update = body[body.index("UPDATE") : body.rindex(";")].replace("NEW.recorded_at", "?")
+    update = update.replace("NEW.execution_id", "?")
+    rows = conn.execute(f"EXPLAIN QUERY PLAN {update}", (None,) * 3).fetchall()
+    assert str(rows[0][3]).endswith("sqlite_autoindex_harel_executions_1 (id=?)"), rows
     for kind, table in (("outbox", "outbox"), ("spawns", "spawns"), ("timers", "timers")):
         plan = _plan(conn, f"purge_dead_{kind}")
         assert any(f"INDEX harel_{table}_dead (dead_at>? AND dead_at<?)" in s for s in plan), plan

@@ -282,7 +282,8 @@ def _finish(group: list[_Pending], steps: list[bytes]) -> bytes:
 
 def _member_failed(wire: _Wire, first: dict[str, Any]) -> bool:
     """Whether a step of a member of the group that ``wire`` was laid out in failed (in the
-    group's one result ``first``); a reply of another shape raises KeyError, TypeError or IndexError."""
+    group's one result ``first``); a reply of another shape raises KeyError, TypeError or
+    IndexError."""
     if first["type"] != "ok":
         return False
     errors = first["response"]["result"]["step_errors"]
