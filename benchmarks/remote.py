@@ -11,7 +11,8 @@ It starts its own sqld (token auth) behind the harness's *link* proxy (each requ
 CAS update, one emit, the dedupe marker, one timer, one trace step):
 
 1. requests per operation, of the store remote and as a replica, and of a bare ``libsql``
-   connection (the driver the store used before);
+   connection (the driver the store used before); 1b. the statements the server runs a
+   typical commit (one emit, the marker, one timer), of 1 task and of 32 tasks (grouped);
 2. each operation's median latency on the link, as a ratio to one bare ``POST /v3/pipeline``
    of ``SELECT 1``; a replica's commit + next read, and its opening, also as before;
 3. group commit over the link: commits/s (and commits a request) of 1, 8, 32 and 128 tasks of
@@ -75,6 +76,7 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
+from harel_store.connection import hrana
 from harel_store.connection.hrana import GROUP_MAX
 from harel_store.sql import QUERIES
 from harel_store.store import DEFAULT_TRACE_MAX, Store
@@ -327,6 +329,68 @@ def operation_parts(report: Report, plan: Plan, on: Served, tmp: Path) -> None:
             target = f"<= {limit[label]}x" if label in limit else ""
             shown = f"{seconds * 1e3:7.2f} ms {ratio:6.2f}x"
             report.add(label, shown, target, ratio <= limit.get(label, 0), ms=seconds * 1e3)
+
+
+@contextlib.contextmanager
+def steps_counted() -> Iterator[Counter[str]]:
+    """The statements the server ran for the write requests this process sent meanwhile
+    ("steps"), and those requests' batches ("batches"): counted from each batch's result,
+    where a step that ran has a result or an error and one its condition skipped has
+    neither."""
+    counted: Counter[str] = Counter()
+    original = hrana.HranaConnection._settle
+
+    def settle(self: Any, todo: Any, answer: Any, started: float, tries: int) -> Any:
+        body = getattr(answer, "body", None)
+        if body and todo and todo[0].wire.write:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                for result in json.loads(body)["results"]:
+                    if result["type"] == "ok" and result["response"]["type"] == "batch":
+                        ran = result["response"]["result"]
+                        pairs = zip(ran["step_results"], ran["step_errors"], strict=True)
+                        counted["steps"] += sum(r is not None or e is not None for r, e in pairs)
+                        counted["batches"] += 1
+        return (yield from original(self, todo, answer, started, tries))
+
+    hrana.HranaConnection._settle = settle  # type: ignore[method-assign]
+    try:
+        yield counted
+    finally:
+        hrana.HranaConnection._settle = original  # type: ignore[method-assign]
+
+
+STEPS_MOST = 6  # server steps a typical commit, in a group (issue "The server's pace")
+
+
+async def steps_part(report: Report, plan: Plan, on: Served) -> None:
+    """Section 1b: server steps a typical commit (one emit, the dedupe marker, one timer; no
+    trace step), of 1 task (each commit a transaction of its own) and of 32 tasks (grouped),
+    on the counting proxy."""
+    with section(report, "1b. Server steps a typical commit (emit, marker, timer)", on.srv):
+        for tasks in (1, 32):
+            async with await AsyncLibsqlStore.create(
+                on.count.url, auth_token=on.srv.token, timeout=TIMEOUT
+            ) as store:
+                exes = [Execution(id=f"st{tasks}-{i}", definition_id="bench") for i in range(tasks)]
+                for exe in exes:
+                    await store.save(exe)
+
+                async def commit(exe: Execution) -> None:
+                    args = commit_args(exe)
+                    del args["trace"]
+                    await store.commit(exe, **args)
+
+                with steps_counted() as counted:
+                    for _ in range(plan.counts):
+                        await asyncio.gather(*(commit(exe) for exe in exes))
+            commits = plan.counts * tasks
+            steps = counted["steps"] / commits
+            shown = f"{steps:.2f} ({counted['batches']} requests, {commits} commits)"
+            if tasks == 1:
+                report.add(f"steps a commit, {plural(tasks, 'task')}", shown, steps=steps)
+            else:
+                label = f"steps a commit, {plural(tasks, 'task')}"
+                report.add(label, shown, f"<= {STEPS_MOST}", steps <= STEPS_MOST, steps=steps)
 
 
 INTEGRITY = """
@@ -592,6 +656,7 @@ def main() -> None:
         served(Path(name), ns.delay_ms) as on,
     ):
         operation_parts(report, plan, on, Path(name))
+        asyncio.run(steps_part(report, plan, on))
         asyncio.run(async_part(report, plan, on, Path(name)))
         select_loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
         try:
