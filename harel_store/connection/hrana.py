@@ -286,8 +286,16 @@ def _member_failed(wire: _Wire, first: dict[str, Any]) -> bool:
     IndexError."""
     if first["type"] != "ok":
         return False
-    errors = first["response"]["result"]["step_errors"]
-    return any(errors[j] is not None for j in wire.members)
+    result = first["response"]["result"]
+    results, errors = result["step_results"], result["step_errors"]
+    if not isinstance(results, list) or not isinstance(errors, list):
+        raise TypeError("step results or errors that are not lists")
+    if results[wire.commit] is not None:  # it committed: every member's steps ran
+        return False
+    failed = [errors[j] for j in wire.members if errors[j] is not None]
+    if any(not isinstance(error, dict) for error in failed):
+        raise TypeError("a step error that is not an error object")
+    return bool(failed)
 
 
 def _error(error: Any) -> dict[str, Any]:
