@@ -156,7 +156,10 @@ def bare_committer(conn: Any, eid: str, read: bool = False) -> Callable[[], None
             if found != [(n,)]:
                 raise AssertionError(f"the CAS of {eid} failed: {changed} rows, found {found}")
         event = Event(name="tick", id=f"{eid}-out-{n}").model_dump_json()
-        bare(conn, "insert_outbox", None, eid, event, None, "")  # target .. context, flow key
+        # target .. context, flow key; its RETURNING row fetched: libsql 0.1.8's remote
+        # connection left one unread silently loses the commit (its later COMMIT lands
+        # nothing, every later CAS then fails)
+        bare(conn, "insert_outbox", None, eid, event, None, "").fetchone()
         bare(conn, "mark_processed", eid, f"{eid}-in-{n}")
         bare(conn, "schedule_timer", eid, "t", float(n), None, eid)  # its flow key: the root
         (idx,) = bare(conn, "append_trace", eid, json.dumps({"n": n})).fetchone()
