@@ -62,7 +62,6 @@ from benchmarks.harness import (
     quantile,
     served,
 )
-from harel_store import SqliteStore
 
 WORKER = Path(__file__).resolve().with_name("engine_worker.py")
 WORKERS = 2
@@ -86,15 +85,16 @@ PLANS = {
 }
 # (topology, relay): the runs, each on this tree (and on --against's)
 RUNS = (("file", "sync"), ("sqld", "sync"), ("link", "sync"), ("link", "async"))
-# The issue's targets (ms, orders/s, % of a core), by run and figure.
+# The targets (ms, orders/s, % of a core), by run and figure: the orders/s and the file's
+# p50 are issue 51's ("The server's pace"), the rest the push issue's.
 TARGETS = {
     "file/sync": {
-        "end to end p50 ms": "<= 15",
+        "end to end p50 ms": "<= 10",
         "end to end p99 ms": "<= 60",
         "hop to another process p99 ms": "<= 15",
         "timer lateness p99 ms": "<= 15",
         "idle CPU of the workers %": "<= 1",
-        "orders/s": ">= 200",
+        "orders/s": ">= 300",
     },
     "sqld/sync": {
         "end to end p50 ms": "<= 30",
@@ -102,7 +102,7 @@ TARGETS = {
         "timer lateness p99 ms": "<= 30",
         "idle CPU of sqld %": "<= 1",
     },
-    "link/async": {"orders/s": ">= 60", "end to end p50 round trips": "<= 12"},
+    "link/async": {"orders/s": ">= 120", "end to end p50 round trips": "<= 12"},
 }
 
 
@@ -119,12 +119,22 @@ class Topology:
 @contextlib.contextmanager
 def topology(name: str, tmp: Path, code: Path) -> Iterator[Topology]:
     env = {**os.environ, "PYTHONPATH": str(code), "RUST_LOG": "off"}
+
+    def migrate(url: str, token: str = "") -> None:
+        """Migrated by the code under test (another revision's head may be behind ours), in
+        a process of its own: this one never opens the database."""
+        script = "import sys; from harel_store import LibsqlStore as S\n"
+        script += "S(sys.argv[1], **({'auth_token': sys.argv[2]} if sys.argv[2:] else {}),"
+        script += " migrate=True).close()"
+        subprocess.run([sys.executable, "-c", script, url, *([token] if token else [])],
+                       env=env, cwd=tmp, check=True)  # fmt: skip
+
     if name == "file":
         url = str(tmp / "engine.db")
-        SqliteStore(url).close()  # migrated; this process opens it no more
+        migrate(url)  # and closed: this process never opens it
         yield Topology(url, env, tmp)
         return
-    with served(tmp, DELAY_MS) as on:
+    with served(tmp, DELAY_MS, migrate) as on:
         env["HAREL_AUTH_TOKEN"] = on.srv.token
         yield Topology(on.link.url if name == "link" else on.srv.url, env, tmp, on)
 

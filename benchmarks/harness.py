@@ -319,12 +319,18 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(tmp: Path, delay_ms: float) -> Iterator[Served]:
-    """A fresh sqld (token auth, on loopback, migrated) with a link and a counting proxy."""
+def served(
+    tmp: Path, delay_ms: float, migrate: Callable[[str, str], None] | None = None
+) -> Iterator[Served]:
+    """A fresh sqld (token auth, on loopback) with a link and a counting proxy, migrated by
+    ``migrate(url, token)`` (default: this tree's store)."""
     with contextlib.ExitStack() as stack:
         srv = stack.enter_context(SqldServer(tmp / "sqld", auth=True))
         stack.callback(srv.kill)  # SIGTERM would wait 30 s for open notification streams
-        LibsqlStore(srv.url, auth_token=srv.token, migrate=True).close()
+        if migrate is None:
+            LibsqlStore(srv.url, auth_token=srv.token, migrate=True).close()
+        else:
+            migrate(srv.url, srv.token)
         link = stack.enter_context(contextlib.closing(Proxy(srv.port or 0, delay_ms)))
         count = stack.enter_context(contextlib.closing(Proxy(srv.port or 0, 0.0)))
         yield Served(srv, link, count)
