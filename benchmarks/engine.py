@@ -122,12 +122,12 @@ def topology(name: str, tmp: Path, code: Path) -> Iterator[Topology]:
 
     def migrate(url: str, token: str = "") -> None:
         """Migrated by the code under test (another revision's head may be behind ours), in
-        a process of its own: this one never opens the database."""
-        script = "import sys; from harel_store import LibsqlStore as S\n"
-        script += "S(sys.argv[1], **({'auth_token': sys.argv[2]} if sys.argv[2:] else {}),"
-        script += " migrate=True).close()"
-        subprocess.run([sys.executable, "-c", script, url, *([token] if token else [])],
-                       env=env, cwd=tmp, check=True)  # fmt: skip
+        a process of its own: this one never opens the database. The token goes in the
+        environment, not the command line (which `ps` shows)."""
+        script = "import os, sys; from harel_store import LibsqlStore as S\n"
+        script += "S(sys.argv[1], auth_token=os.environ['HAREL_AUTH_TOKEN'], migrate=True).close()"
+        subprocess.run([sys.executable, "-c", script, url],
+                       env={**env, "HAREL_AUTH_TOKEN": token}, cwd=tmp, check=True)  # fmt: skip
 
     if name == "file":
         url = str(tmp / "engine.db")

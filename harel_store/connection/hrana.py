@@ -733,9 +733,17 @@ class HranaConnection:
                 yield pending
             return [], 0.0
         if replay:  # written optimistically, a member failed: again, each in a savepoint
+            again = []
             for pending in todo:
+                if pending.future is not None and pending.future.cancelled():
+                    # Its caller left and nothing of the group landed: dropped, as `_take`
+                    # drops one that left before it was sent.
+                    pending.settle(None, StoreError(f"the write to {self.where} was withdrawn"))
+                    yield pending
+                    continue
                 pending.wire.saved = True
-            return todo, 0.0
+                again.append(pending)
+            return again, 0.0
         pause = min(0.002 * 2**tries, 0.05) * random.uniform(0.5, 1.5)
         in_time = time.monotonic() + pause - started < self._busy_timeout
         again = []

@@ -12,3 +12,15 @@ BEGIN
     WHERE id = NEW.execution_id
       AND (markers_since IS NULL OR markers_since > NEW.recorded_at);
 END;
+
+-- Set from the markers once more, where it is missing or later than the oldest (one probe an
+-- execution that has markers): markers recorded at 0011 with no note_marker after them (a
+-- process opened at 0012 and still writing after a downgrade) would never be forgotten.
+UPDATE harel_executions
+SET markers_since = (
+    SELECT MIN(p.recorded_at) FROM harel_processed_events AS p
+    WHERE p.execution_id = harel_executions.id)
+WHERE id IN (SELECT execution_id FROM harel_processed_events)
+  AND (markers_since IS NULL OR markers_since > (
+    SELECT MIN(p.recorded_at) FROM harel_processed_events AS p
+    WHERE p.execution_id = harel_executions.id));
