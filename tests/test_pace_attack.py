@@ -42,9 +42,9 @@ def emit(exe: Execution, n: int = 0) -> Any:
 # --- unit: what `_settle` makes of one answer ---
 
 
-def offline() -> HranaConnection:
+def offline(busy_timeout: float = 1.0) -> HranaConnection:
     return HranaConnection(
-        "http://127.0.0.1:9", "test", auth_token="", timeout=1.0, busy_timeout=1.0
+        "http://127.0.0.1:9", "test", auth_token="", timeout=1.0, busy_timeout=busy_timeout
     )
 
 
@@ -76,15 +76,25 @@ def answer(results: list[Any], errors: Any) -> http.Response:
     return http.Response(200, {}, json.dumps(body).encode())
 
 
-def settle(conn: HranaConnection, group: list[_Pending], reply: http.Response) -> list[_Pending]:
-    """Drive `_settle` once; the writes it would send again."""
-    gen = conn._settle(group, reply, 0.0, 0)
+def settled(
+    conn: HranaConnection,
+    group: list[_Pending],
+    reply: http.Response,
+    started: float = 0.0,
+    tries: int = 0,
+) -> tuple[list[_Pending], float]:
+    """Drive `_settle` once; the writes it would send again, and the pause before."""
+    gen = conn._settle(group, reply, started, tries)
     while True:
         try:
             next(gen)
         except StopIteration as stop:
-            again, _pause = stop.value
-            return again
+            return stop.value  # type: ignore[no-any-return]
+
+
+def settle(conn: HranaConnection, group: list[_Pending], reply: http.Response) -> list[_Pending]:
+    """Drive `_settle` once; the writes it would send again."""
+    return settled(conn, group, reply)[0]
 
 
 def steps_of(group: list[_Pending]) -> int:

@@ -6,7 +6,6 @@ a downgrade. A test that fails shows a defect; the others are checks that held."
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import threading
 import time
@@ -18,7 +17,6 @@ import pytest
 
 from harel_store import (
     AsyncLibsqlStore,
-    Event,
     Execution,
     LibsqlStore,
     OutcomeUnknown,
@@ -27,65 +25,13 @@ from harel_store import (
 )
 from harel_store.batch import Batch, Conflicted
 from harel_store.connection import http
-from harel_store.connection.hrana import HranaConnection, _body, _Pending, _Wire
+from harel_store.connection.hrana import HranaConnection, _body, _Pending
 from harel_store.errors import StoreBusy
 from tests.helpers import refused_batch, wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
-
-HOLD = 0.3
-OK_RESULT = {"cols": [], "rows": [], "affected_row_count": 1, "last_insert_rowid": None}
-
-
-def emit(exe: Execution, n: int = 0) -> Any:
-    return [(None, Event(name="go", id=f"{exe.id}-{n}"))]
-
-
-# --- unit: `_settle` over fabricated answers ---
-
-
-def offline() -> HranaConnection:
-    return HranaConnection(
-        "http://127.0.0.1:9", "test", auth_token="", timeout=1.0, busy_timeout=5.0
-    )
-
-
-def guarded_group(n: int = 3) -> list[_Pending]:
-    group = []
-    for i in range(n):
-        batch = Batch()
-        batch.guard("cancel_timer", f"exe-{i}", "t")
-        batch.on_conflict("execution_version", f"exe-{i}")
-        group.append(_Pending(_Wire(batch)))
-    return group
-
-
-def answer(results: list[Any], errors: Any) -> http.Response:
-    body = {
-        "baton": None,
-        "base_url": None,
-        "results": [
-            {
-                "type": "ok",
-                "response": {
-                    "type": "batch",
-                    "result": {"step_results": results, "step_errors": errors},
-                },
-            },
-            {"type": "ok", "response": {"type": "close"}},
-        ],
-    }
-    return http.Response(200, {}, json.dumps(body).encode())
-
-
-def settle(conn: HranaConnection, group: list[_Pending], reply: http.Response, tries: int = 0):
-    gen = conn._settle(group, reply, time.monotonic(), tries)
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-
+from tests.test_pace_attack import HOLD, OK_RESULT, answer, emit, guarded_group, offline
+from tests.test_pace_attack import settled as settle
 
 BUSY = {"message": "database is locked", "code": "SQLITE_BUSY"}
 
@@ -100,15 +46,15 @@ def busy_at_begin(group: list[_Pending]) -> http.Response:
 
 
 def test_held_busy_on_the_optimistic_try_retries_optimistic_not_saved() -> None:
-    conn, group = offline(), guarded_group()
-    again, pause = settle(conn, group, busy_at_begin(group))
+    conn, group = offline(5.0), guarded_group()
+    again, pause = settle(conn, group, busy_at_begin(group), time.monotonic())
     assert again == group and pause > 0
     assert not any(p.wire.saved for p in group)
     assert b"SAVEPOINT" not in _body(again)
 
 
 def test_held_busy_on_the_replay_retries_the_saved_layout_and_never_replays_again() -> None:
-    conn, group = offline(), guarded_group()
+    conn, group = offline(5.0), guarded_group()
     _body(group)
     n = group[0].wire.commit + 2
     results: list[Any] = [None] * n
@@ -120,17 +66,17 @@ def test_held_busy_on_the_replay_retries_the_saved_layout_and_never_replays_agai
         results[j] = OK_RESULT
     errors[guard] = {"message": "x", "code": "SQLITE_ERROR"}
     results[n - 1] = OK_RESULT
-    again, pause = settle(conn, group, answer(results, errors))
+    again, pause = settle(conn, group, answer(results, errors), time.monotonic())
     assert again == group and pause == 0.0 and all(p.wire.saved for p in group)
     # The replay meets BUSY at its BEGIN: sent again after a pause, still saved.
-    again, pause = settle(conn, group, busy_at_begin(group), tries=1)
+    again, pause = settle(conn, group, busy_at_begin(group), time.monotonic(), tries=1)
     assert again == group and pause > 0 and all(p.wire.saved for p in group)
     assert b"SAVEPOINT" in _body(again)
     assert not any(p.done for p in group)
 
 
 def test_held_busy_past_busy_timeout_on_the_replay_is_store_busy_for_every_member() -> None:
-    conn, group = offline(), guarded_group()
+    conn, group = offline(5.0), guarded_group()
     for p in group:
         p.wire.saved = True
     reply = busy_at_begin(group)
@@ -153,6 +99,19 @@ async def open_async(proxy: Proxy, server: SqldServer, **kwargs: Any) -> AsyncLi
     return await AsyncLibsqlStore.create(proxy.url(), auth_token=server.token, **kwargs)
 
 
+async def saved(store: AsyncLibsqlStore, prefix: str, n: int, stale: tuple[int, ...]) -> list[Any]:
+    """``n`` executions saved, those of ``stale`` then moved on elsewhere (their copies here
+    are behind: a commit of one fails its CAS)."""
+    exes = [Execution(id=f"{prefix}-{i}", definition_id="d") for i in range(n)]
+    for e in exes:
+        await store.save(e)
+    for i in stale:
+        moved = await store.load(f"{prefix}-{i}")
+        assert moved is not None
+        await store.commit(moved, [])
+    return exes
+
+
 async def behind_a_write_in_flight(store: AsyncLibsqlStore, proxy: Proxy) -> asyncio.Task[Any]:
     proxy.delay = HOLD
     first = asyncio.create_task(store.commit(Execution(id="first", definition_id="d"), []))
@@ -168,13 +127,7 @@ def test_held_several_members_fail_conflicts_and_refusals_each_alone_async(
     async def main() -> None:
         store = await open_async(proxy, server)
         assert store._remote is not None
-        exes = [Execution(id=f"m-{i}", definition_id="d") for i in range(6)]
-        for e in exes:
-            await store.save(e)
-        for i in (1, 4):  # stale in the group
-            moved = await store.load(f"m-{i}")
-            assert moved is not None
-            await store.commit(moved, [])
+        exes = await saved(store, "m", 6, (1, 4))  # two stale in the group
         first = await behind_a_write_in_flight(store, proxy)
         sent = proxy.requests
         calls: list[Any] = []
@@ -218,12 +171,7 @@ def test_held_every_member_fails_nothing_lands_two_requests(
 ) -> None:
     async def main() -> None:
         store = await open_async(proxy, server)
-        exes = [Execution(id=f"a-{i}", definition_id="d") for i in range(3)]
-        for e in exes:
-            await store.save(e)
-            moved = await store.load(e.id)
-            assert moved is not None
-            await store.commit(moved, [])
+        exes = await saved(store, "a", 3, (0, 1, 2))
         first = await behind_a_write_in_flight(store, proxy)
         sent = proxy.requests
         results = await asyncio.gather(
@@ -314,12 +262,7 @@ def test_held_a_commit_cancelled_during_the_optimistic_try_settles_after_the_rep
 
     async def main() -> None:
         store = await open_async(proxy, server)
-        exes = [Execution(id=f"c-{i}", definition_id="d") for i in range(3)]
-        for e in exes:
-            await store.save(e)
-        moved = await store.load("c-2")
-        assert moved is not None
-        await store.commit(moved, [])
+        exes = await saved(store, "c", 3, (2,))
         first = await behind_a_write_in_flight(store, proxy)
         sent = proxy.requests
         tasks = [asyncio.create_task(store.commit(e, emit(e), f"in-{e.id}")) for e in exes]
@@ -387,12 +330,7 @@ def test_held_aclose_during_the_replay_is_outcome_unknown_or_closed_never_landed
 ) -> None:
     async def main() -> None:
         store = await open_async(proxy, server)
-        exes = [Execution(id=f"z-{i}", definition_id="d") for i in range(3)]
-        for e in exes:
-            await store.save(e)
-        moved = await store.load("z-1")
-        assert moved is not None
-        await store.commit(moved, [])
+        exes = await saved(store, "z", 3, (1,))
         first = await behind_a_write_in_flight(store, proxy)
         sent = proxy.requests
         tasks = [asyncio.create_task(store.commit(e, emit(e))) for e in exes]
