@@ -23,7 +23,9 @@ On each of: a local file; sqld on loopback; sqld behind the 20 ms link of `bench
    starting), in the same process and in another; a timer's lateness (its fire_at to its
    handler starting). On the link, end to end also in round trips (one bare request through
    the link: its median).
-2. throughput: orders 32 at a time: orders/s, and (on the link) HTTP requests an order.
+2. throughput: orders 32 at a time: orders/s, and (on the link) HTTP requests an order; on
+   the file, write transactions an order, counted by each process of this tree's code as
+   they commit, and the batches they carried by what each does (commit, claim, ack, ...).
 3. idle: the workers waiting with nothing to do, for a few seconds: their CPU, and sqld's,
    as a share of one core.
 
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -239,7 +242,23 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
             figures["idle CPU of the workers %"] = sum(used[p] for p in pids) / spent * 100
             if server is not None:
                 figures["idle CPU of sqld %"] = used[server] / spent * 100
+        if name == "file":
+            transaction_figures(tp_log, throughput_n, figures)
     return figures
+
+
+def transaction_figures(log: Path, orders: int, figures: dict[str, float]) -> None:
+    """Write transactions an order on a file (the processes' own counts, this tree's code
+    only), and of them those of each kind: every batch a transaction carried, by what it
+    does (one transaction of a group carries several)."""
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    carried = [r[1] for r in records if r[0] == "tx"]
+    if not carried:
+        return
+    figures["write transactions an order"] = len(carried) / orders
+    kinds = Counter(kind for batches in carried for kind in batches)
+    for kind, n in sorted(kinds.items(), key=lambda item: -item[1]):
+        figures[f"  batches an order: {kind}"] = n / orders
 
 
 def report_run(report: Report, run: str, mine: dict[str, float], old: Any, against: str) -> None:
