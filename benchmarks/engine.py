@@ -24,8 +24,9 @@ On each of: a local file; sqld on loopback; sqld behind the 20 ms link of `bench
    handler starting). On the link, end to end also in round trips (one bare request through
    the link: its median).
 2. throughput: orders 32 at a time: orders/s, and (on the link) HTTP requests an order; on
-   the file, write transactions an order, counted by each process of this tree's code as
-   they commit, and the batches they carried by what each does (commit, claim, ack, ...).
+   the file, with this tree's code only, write transactions an order, counted by each
+   process as they commit, and the batches that landed in them by what each does (commit,
+   claim, ack, ...).
 3. idle: the workers waiting with nothing to do, for a few seconds: their CPU, and sqld's,
    as a share of one core.
 
@@ -143,10 +144,11 @@ def topology(name: str, tmp: Path, code: Path) -> Iterator[Topology]:
 
 
 @contextlib.contextmanager
-def workers(where: Topology, relay: str, log: Path) -> Iterator[list[Child]]:
+def workers(where: Topology, relay: str, log: Path, count: bool = False) -> Iterator[list[Child]]:
     """The worker processes, ready; stopped (stdin closed) and their logs written at the end
-    (what they log, a relay's failures, beside it: ``*.stderr``)."""
-    args = ["--async"] if relay == "async" else []
+    (what they log, a relay's failures, beside it: ``*.stderr``); with ``count``, their
+    write transactions logged too."""
+    args = (["--async"] if relay == "async" else []) + (["--count"] if count else [])
     with log.with_suffix(".stderr").open("a") as errors:
         command = [sys.executable, str(WORKER), "worker", where.url]
         procs = [
@@ -163,9 +165,12 @@ def workers(where: Topology, relay: str, log: Path) -> Iterator[list[Child]]:
                 proc.close()
 
 
-def submit(where: Topology, prefix: str, log: Path, orders: int, concurrency: int) -> float:
+def submit(
+    where: Topology, prefix: str, log: Path, orders: int, concurrency: int, count: bool = False
+) -> float:
     """Run the submitter; the seconds its orders took."""
     options = ["--orders", str(orders), "--concurrency", str(concurrency)]
+    options += ["--count"] if count else []
     if concurrency == 1:
         options += ["--gap", "0.01"]
     done = subprocess.run(
@@ -224,10 +229,11 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
                 rtt = medians({"bare": (bare_request(http), 10)})["bare"]
             figures["round trip ms"] = rtt * 1e3
             figures["end to end p50 round trips"] = figures["end to end p50 ms"] / 1e3 / rtt
-        with workers(where, relay, tp_log) as procs:
+        count = name == "file" and code == ROOT  # this tree's insides only
+        with workers(where, relay, tp_log, count) as procs:
             time.sleep(0.3)
             before = on.link.requests() if link and on else 0
-            took = submit(where, "tp", tp_log, throughput_n, plan.concurrency)
+            took = submit(where, "tp", tp_log, throughput_n, plan.concurrency, count)
             figures["orders/s"] = throughput_n / took
             if link and on is not None:
                 figures["requests an order"] = (on.link.requests() - before) / throughput_n
@@ -242,23 +248,25 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
             figures["idle CPU of the workers %"] = sum(used[p] for p in pids) / spent * 100
             if server is not None:
                 figures["idle CPU of sqld %"] = used[server] / spent * 100
-        if name == "file":
+        if count:
             transaction_figures(tp_log, throughput_n, figures)
     return figures
 
 
 def transaction_figures(log: Path, orders: int, figures: dict[str, float]) -> None:
     """Write transactions an order on a file (the processes' own counts, this tree's code
-    only), and of them those of each kind: every batch a transaction carried, by what it
-    does (one transaction of a group carries several)."""
+    only: every transaction of the run, the workers' start and stop too), and the batches
+    that landed in them by what each does (a transaction of a group carries several)."""
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    if failed := [r[1] for r in records if r[0] == "tx-uncounted"]:
+        raise RuntimeError(f"write transactions not counted: {failed[:3]}")
     carried = [r[1] for r in records if r[0] == "tx"]
     if not carried:
-        return
+        raise RuntimeError("no write transaction counted: the hook of engine_worker is broken")
     figures["write transactions an order"] = len(carried) / orders
     kinds = Counter(kind for batches in carried for kind in batches)
     for kind, n in sorted(kinds.items(), key=lambda item: -item[1]):
-        figures[f"  batches an order: {kind}"] = n / orders
+        figures[f"batches an order: {kind}"] = n / orders
 
 
 def report_run(report: Report, run: str, mine: dict[str, float], old: Any, against: str) -> None:

@@ -2,8 +2,8 @@
 harel_store is first on the path (this tree's, or an older revision's: `--against`), so
 they use nothing but its public API, and `wait_for` only where it exists.
 
-    python benchmarks/engine_worker.py worker DB NAME LOG [--async] [--poll S]
-    python benchmarks/engine_worker.py submit DB PREFIX LOG --orders N [--concurrency K]
+    python benchmarks/engine_worker.py worker DB NAME LOG [--async] [--poll S] [--count]
+    python benchmarks/engine_worker.py submit DB PREFIX LOG --orders N [--concurrency K] [--count]
 
 DB is a file or a server's URL (its token in ``$HAREL_AUTH_TOKEN``). A worker runs a relay
 with the order workflow's three handlers until its stdin closes; the submitter places
@@ -68,20 +68,24 @@ def kind_of(batch: Any) -> str:
 
 def count_transactions() -> None:
     """Each write transaction this process makes on a local file logged when it commits, as
-    ``["tx", [what each batch it carried does]]`` (this tree's code: an older one's may
-    not have the same insides, and is not counted)."""
-    try:
-        from harel_store.batch import Batch
-        from harel_store.connection.local import LocalConnection
+    ``["tx", [what each batch that landed in it does]]``: a group's members rolled back to
+    their savepoints are left out; a transaction that fails is not logged. Only with this
+    tree's code (``--count``): another revision's insides may differ."""
+    from harel_store.batch import Batch
+    from harel_store.connection.local import LocalConnection
 
-        original = LocalConnection._transaction
-    except (ImportError, AttributeError):
-        return
+    original = LocalConnection._transaction
 
     def counted(self: Any, write: Any, arg: Any) -> Any:
         result = original(self, write, arg)
-        batches = [arg] if isinstance(arg, Batch) else [member.batch for member in arg]
-        records.append(["tx", [kind_of(batch) for batch in batches]])
+        try:
+            if isinstance(arg, Batch):
+                landed = [arg]
+            else:  # a group: one (results, error) a member
+                landed = [m.batch for m, (_, e) in zip(arg, result, strict=True) if e is None]
+            records.append(["tx", [kind_of(batch) for batch in landed]])
+        except Exception as exc:  # the count must never fail a write that landed
+            records.append(["tx-uncounted", repr(exc)])
         return result
 
     LocalConnection._transaction = counted  # type: ignore[method-assign]
@@ -263,11 +267,12 @@ def main() -> None:
     parser.add_argument("log")
     parser.add_argument("--async", dest="aio", action="store_true", help="AsyncRelay")
     parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--count", action="store_true", help="log the write transactions")
     parser.add_argument("--orders", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between a task's orders")
     args = parser.parse_args()
-    if "://" not in args.db:
+    if args.count:
         count_transactions()
     try:
         if args.role == "submit":

@@ -4,7 +4,7 @@ a few percent in the write path shows. Not a test.
 
     python -m benchmarks.instructions                 # this tree against HEAD~1
     python -m benchmarks.instructions --against REV   # this tree against another revision
-    python -m benchmarks.instructions --smoke         # that it works: HEAD, one row (~1 min)
+    python -m benchmarks.instructions --smoke         # that it works: HEAD, one row (~30 s)
 
 Each figure is (instructions of 400 commits - those of 100) / 300, so start-up and imports
 cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer schedule and
@@ -89,8 +89,10 @@ def main() -> None:
         print(f"instructions per commit, {driver} {trace}: OpenTelemetry API, no provider / none")
         on = new  # this tree's figure for that row, measured above
         if ns.smoke:  # that the run without the API works, not its count: no valgrind
-            subprocess.run([sys.executable, "-c", COMMITS, str(ROOT), driver, trace, "2",
-                            "no-otel"], check=True, capture_output=True)  # fmt: skip
+            plain = subprocess.run([sys.executable, "-c", COMMITS, str(ROOT), driver, trace,
+                                    "2", "no-otel"], capture_output=True, text=True)  # fmt: skip
+            if plain.returncode:
+                raise RuntimeError(f"the run without OpenTelemetry failed:\n{plain.stderr}")
             print("  this tree        (smoke: run without valgrind, not counted)", flush=True)
             return
         off = per_commit(ROOT, driver, trace, runs, "no-otel")

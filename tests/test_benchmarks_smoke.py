@@ -96,6 +96,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "file/sync\n  end to end p50 ms",
         "hop to another process p99 ms",
         "timer lateness p99 ms",
+        "write transactions an order",
+        "batches an order: commit",
         "sqld/sync\n",
         "idle CPU of sqld %",
         "link/async\n",
