@@ -226,39 +226,54 @@ def test_0012_up_from_0011_with_rows_then_down() -> None:
 # --- against the real sqld ---
 
 
+def saved(store: LibsqlStore, prefix: str, n: int, stale: tuple[int, ...]) -> list[Execution]:
+    """``n`` executions saved, those of ``stale`` then moved on elsewhere (their copies here
+    are behind: a commit of one fails its CAS)."""
+    exes = [Execution(id=f"{prefix}-{i}", definition_id="d") for i in range(n)]
+    for e in exes:
+        store.save(e)
+    for i in stale:
+        moved = store.load(f"{prefix}-{i}")
+        assert moved is not None
+        store.commit(moved, [])
+    return exes
+
+
+def grouped(store: LibsqlStore, proxy: Proxy, calls: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Each of ``calls`` (key: (function, *args)) on a thread of its own while a write of the
+    store is held at the proxy, so that they wait and go together: what each returned or
+    raised, and how many requests they took."""
+    proxy.delay = HOLD
+    holder = threading.Thread(target=store.commit, args=(Execution(id="h", definition_id="d"), []))
+    holder.start()
+    wait_until(lambda: proxy.in_flight == 1, "the first write sent")
+    outcomes: dict[str, Any] = {}
+
+    def run(key: str, fn: Any, *args: Any) -> None:
+        try:
+            outcomes[key] = fn(*args)
+        except BaseException as exc:
+            outcomes[key] = exc
+
+    sent = proxy.requests
+    threads = [threading.Thread(target=run, args=(key, *call)) for key, call in calls.items()]
+    for t in threads:
+        t.start()
+    for t in (holder, *threads):
+        t.join()
+    return outcomes, proxy.requests - sent
+
+
 @pytest.mark.sqld
 @pytest.mark.slow
 def test_sync_threads_a_stale_member_replays_and_fails_alone(
     proxy: Proxy, server: SqldServer
 ) -> None:
     with LibsqlStore(proxy.url(), auth_token=server.token) as store:
-        exes = [Execution(id=f"s-{i}", definition_id="d") for i in range(5)]
-        for e in exes:
-            store.save(e)
-        moved = store.load("s-2")
-        assert moved is not None
-        store.commit(moved, [])
-        proxy.delay = HOLD
-        holder = threading.Thread(
-            target=store.commit, args=(Execution(id="h", definition_id="d"), [])
-        )
-        holder.start()
-        wait_until(lambda: proxy.in_flight == 1, "the first write sent")
-        outcomes: dict[str, Any] = {}
-
-        def commit(exe: Execution) -> None:
-            try:
-                outcomes[exe.id] = store.commit(exe, emit(exe), f"in-{exe.id}")
-            except BaseException as exc:
-                outcomes[exe.id] = exc
-
-        sent = proxy.requests
-        threads = [threading.Thread(target=commit, args=(e,)) for e in exes]
-        for t in threads:
-            t.start()
-        for t in (holder, *threads):
-            t.join()
-        assert proxy.requests - sent == 2
+        exes = saved(store, "s", 5, (2,))
+        calls = {e.id: (store.commit, e, emit(e), f"in-{e.id}") for e in exes}
+        outcomes, requests = grouped(store, proxy, calls)
+        assert requests == 2
         bad = outcomes.pop("s-2")
         assert isinstance(bad, StoreConflict) and (bad.expected, bad.found) == (1, 2)
         assert all(isinstance(v, list) for v in outcomes.values()), outcomes

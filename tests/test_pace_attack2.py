@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -30,7 +29,8 @@ from harel_store.errors import StoreBusy
 from tests.helpers import refused_batch, wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
-from tests.test_pace_attack import HOLD, OK_RESULT, answer, emit, guarded_group, offline
+from tests.test_pace_attack import HOLD, OK_RESULT, answer, emit, grouped, guarded_group, offline
+from tests.test_pace_attack import saved as sync_saved
 from tests.test_pace_attack import settled as settle
 
 BUSY = {"message": "database is locked", "code": "SQLITE_BUSY"}
@@ -193,39 +193,11 @@ def test_held_sync_threads_two_stale_and_a_refused_member(proxy: Proxy, server: 
     with LibsqlStore(proxy.url(), auth_token=server.token) as store:
         conn = store._conn
         assert isinstance(conn, HranaConnection)
-        exes = [Execution(id=f"t-{i}", definition_id="d") for i in range(5)]
-        for e in exes:
-            store.save(e)
-        for i in (0, 3):
-            moved = store.load(f"t-{i}")
-            assert moved is not None
-            store.commit(moved, [])
-        proxy.delay = HOLD
-        holder = threading.Thread(
-            target=store.commit, args=(Execution(id="h", definition_id="d"), [])
-        )
-        holder.start()
-        wait_until(lambda: proxy.in_flight == 1, "the first write sent")
-        outcomes: dict[str, Any] = {}
-
-        def run(key: str, fn: Any, *args: Any) -> None:
-            try:
-                outcomes[key] = fn(*args)
-            except BaseException as exc:
-                outcomes[key] = exc
-
-        sent = proxy.requests
-        threads = [
-            threading.Thread(target=run, args=(e.id, store.commit, e, emit(e), f"in-{e.id}"))
-            for e in exes
-        ]
-        refuse = threading.Thread(target=run, args=("refused", conn.execute, refused_batch()))
-        threads.append(refuse)
-        for t in threads:
-            t.start()
-        for t in (holder, *threads):
-            t.join()
-        assert proxy.requests - sent == 2, proxy.requests - sent
+        exes = sync_saved(store, "t", 5, (0, 3))
+        calls: dict[str, Any] = {e.id: (store.commit, e, emit(e), f"in-{e.id}") for e in exes}
+        calls["refused"] = (conn.execute, refused_batch())
+        outcomes, requests = grouped(store, proxy, calls)
+        assert requests == 2, requests
         assert type(outcomes.pop("refused")) is StoreError
         for i in (0, 3):
             bad = outcomes.pop(f"t-{i}")
