@@ -399,6 +399,11 @@ class _Pending:
             error = self.error
             future.set_result(self.result) if error is None else future.set_exception(error)
 
+    def left(self) -> bool:
+        """Whether its async caller was cancelled: nobody waits for its outcome (a write
+        that cannot have landed yet is then dropped)."""
+        return self.future is not None and self.future.cancelled()
+
     def outcome(self) -> Any:
         if self.error is not None:
             raise self.error
@@ -425,7 +430,7 @@ def _take(waiting: collections.deque[_Pending]) -> list[_Pending]:
     size = 0
     while waiting and len(group) < GROUP_MAX:
         pending = waiting[0]
-        if pending.future is not None and pending.future.cancelled():
+        if pending.left():
             waiting.popleft()
             continue
         size += len(pending.wire.part)
@@ -735,9 +740,7 @@ class HranaConnection:
         if replay:  # written optimistically, a member failed: again, each in a savepoint
             again = []
             for pending in todo:
-                if pending.future is not None and pending.future.cancelled():
-                    # Its caller left and nothing of the group landed: dropped, as `_take`
-                    # drops one that left before it was sent.
+                if pending.left():  # nothing of the group landed: dropped, as by `_take`
                     pending.settle(None, StoreError(f"the write to {self.where} was withdrawn"))
                     yield pending
                     continue
