@@ -13,14 +13,13 @@ BEGIN
       AND (markers_since IS NULL OR markers_since > NEW.recorded_at);
 END;
 
--- Set from the markers once more, where it is missing or later than the oldest (one probe an
--- execution that has markers): markers recorded at 0011 with no note_marker after them (a
--- process opened at 0012 and still writing after a downgrade) would never be forgotten.
+-- Set from the markers once more, where it is missing or later than the oldest (each
+-- execution's oldest marker found once): markers recorded at 0011 with no note_marker after
+-- them (a process opened at 0012 and still writing after a downgrade) would never be
+-- forgotten.
 UPDATE harel_executions
-SET markers_since = (
-    SELECT MIN(p.recorded_at) FROM harel_processed_events AS p
-    WHERE p.execution_id = harel_executions.id)
-WHERE id IN (SELECT execution_id FROM harel_processed_events)
-  AND (markers_since IS NULL OR markers_since > (
-    SELECT MIN(p.recorded_at) FROM harel_processed_events AS p
-    WHERE p.execution_id = harel_executions.id));
+SET markers_since = oldest.since
+FROM (SELECT execution_id, MIN(recorded_at) AS since
+      FROM harel_processed_events GROUP BY execution_id) AS oldest
+WHERE harel_executions.id = oldest.execution_id
+  AND (harel_executions.markers_since IS NULL OR harel_executions.markers_since > oldest.since);
