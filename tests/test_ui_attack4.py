@@ -12,7 +12,6 @@ import html
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from harel_store.aio import AsyncLibsqlStore
 from harel_store.cli import build_parser
 from harel_store.ui import app
 from harel_store.ui.web import exe_url
-from tests import test_ui_browser
+from tests import test_ui_attack3, test_ui_browser
 from tests.test_ui import Client, _close_clients, put  # noqa: F401
 from tests.test_ui_browser import watch_live
 
@@ -35,18 +34,8 @@ serve = test_ui_browser.serve  # `harel-store ui` processes, stopped (SIGTERM: s
 LIVE = 10_000
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LibsqlStore]:
-    with LibsqlStore(tmp_path / "ui.db") as s:
-        yield s
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    """Chromium for one test (as test_ui_attack3's: this module's in-process clients need
-    no Playwright loop left running in this thread)."""
-    with test_ui_browser.launched() as chromium:
-        yield chromium
+store = test_ui_attack3.store  # a file's store a test
+browser = test_ui_attack3.browser  # Chromium a test: no Playwright loop left in this thread
 
 
 context = test_ui_browser.context  # a fresh context a test, over this module's browser
