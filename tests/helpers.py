@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -151,3 +152,18 @@ def refused_batch() -> Batch:
     batch.add("cancel_timer", "nobody", "nothing")
     batch.add("guard_changed")
     return batch
+
+
+_REFUSING: list[socket.socket] = []  # held to the end of the process
+
+
+def refused_port() -> int:
+    """A loopback port where a connection is refused, for as long as this process runs: bound
+    here and never listened on. A port merely free a moment ago can be taken meanwhile by
+    another test's server or a client's own ephemeral port (seen in CI: a proxy "closed the
+    connection", a test server read a CONNECT), which this one cannot."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    _REFUSING.append(sock)
+    port: int = sock.getsockname()[1]
+    return port

@@ -20,9 +20,8 @@ from alembic.script import ScriptDirectory
 
 from harel_store import SqliteStore
 from harel_store.sql import _MIGRATION_FILE, HEAD
-from tests.helpers import ALEMBIC, ROOT
+from tests.helpers import ALEMBIC, ROOT, refused_port
 from tests.proxy import Proxy
-from tests.sqld import free_port
 
 HARELSTORE = Path(sys.executable).with_name("harel-store")
 # What Alembic's command line prints for a CommandError: the message on stdout after
@@ -146,7 +145,7 @@ def test_a_missing_token_is_one_line(sqld: Any) -> None:
 
 
 def test_an_unreachable_server_is_one_line() -> None:
-    port = free_port()  # free a moment ago: nothing listens there
+    port = refused_port()  # nothing listens there
     message = upgrade_fails(f"http://127.0.0.1:{port}", environment(HAREL_AUTH_TOKEN="t0ken-x"), [])
     assert message == f"cannot reach http://127.0.0.1:{port}: connection refused"
 

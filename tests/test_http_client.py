@@ -32,6 +32,7 @@ from harel_store.connection.http import (
     TimedOut,
 )
 from tests.connect_proxy import ConnectProxy
+from tests.helpers import refused_port
 from tests.sqld import SqldServer
 
 PATH = "/v3/pipeline"
@@ -346,12 +347,6 @@ def test_connection_close_and_http_1_0(
 # --- failures ---
 
 
-def closed_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def hang(conn: socket.socket, server: Server) -> None:
     read_request(conn, bytearray(), server)
     server.stop.wait(10)
@@ -360,7 +355,7 @@ def hang(conn: socket.socket, server: Server) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_connection_refused(mode: str) -> None:
     with pytest.raises(ConnectFailed, match="connection refused") as info:
-        run(mode, f"http://127.0.0.1:{closed_port()}", [b"1"])
+        run(mode, f"http://127.0.0.1:{refused_port()}", [b"1"])
     assert info.value.sent is False
     assert isinstance(info.value.__cause__, ConnectionRefusedError)
 
@@ -957,7 +952,7 @@ def test_a_proxy_password_of_any_characters_is_sent_and_never_shown(
         with pytest.raises(ConnectFailed) as info:
             run(mode, f"https://db.example.invalid:{server.port}", [b"1"])
         assert str(info.value).startswith(f"the proxy http://127.0.0.1:{proxy.port} refused")
-    port = closed_port()
+    port = refused_port()
     for variable, origin in [("HTTP_PROXY", "http://h.invalid:1"), ("HTTPS_PROXY", "https://h")]:
         proxy_env.setenv(variable, f"http://admin:{given}@127.0.0.1:{port}")
         with pytest.raises(ConnectFailed) as info:
@@ -979,7 +974,7 @@ def test_the_cli_shows_no_proxy_credentials(
     given: str, password: str, proxy_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What a user sees: the CLI's one line names the proxy by host and port."""
-    port = closed_port()
+    port = refused_port()
     proxy_env.setenv("HTTP_PROXY", f"http://admin:{given}@127.0.0.1:{port}")
     proxy_env.delenv("HAREL_AUTH_TOKEN", raising=False)
     proxy_env.delenv("TURSO_AUTH_TOKEN", raising=False)
