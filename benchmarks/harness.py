@@ -232,7 +232,8 @@ class Report:
 
 # --- sqld, and a link in front of it ---
 
-REQUEST_LINE = re.compile(rb"(?:^|\r\n)[A-Z]+ \S+ HTTP/1\.[01]\r\n")
+# Unanchored: a request pipelined behind another one follows that one's body at once.
+REQUEST_LINE = re.compile(rb"[A-Z]+ /\S* HTTP/1\.[01]\r\n")
 
 
 def run_proxy(target_port: int, delay_ms: float) -> None:
@@ -243,14 +244,37 @@ def run_proxy(target_port: int, delay_ms: float) -> None:
     async def pump(
         src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool, stream: list[bool]
     ) -> None:
-        with contextlib.suppress(OSError):  # a reset ends the connection, as EOF does
-            while data := await src.read(65536):
-                if client and (n := len(REQUEST_LINE.findall(data))):
-                    requests[0] += n  # before it is forwarded: exact once the answer is back
-                    stream[0] = data.startswith(b"GET ")  # change notifications: a stream
-                    await asyncio.sleep(delay_ms / 1e3)  # what follows waits behind it
-                elif stream[0]:  # a stream's event crosses the link one way: half a trip
-                    await asyncio.sleep(delay_ms / 2e3)
+        # Each chunk is forwarded at its own time (when it came, plus its delay), in order:
+        # the link adds latency, and a request sent while another is on the link (HTTP/1.1
+        # pipelining) crosses it beside that one, not behind it.
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        forward = asyncio.create_task(release(held, dst))
+        due = 0.0
+        try:
+            with contextlib.suppress(OSError):  # a reset ends the connection, as EOF does
+                while data := await src.read(65536):
+                    delay = 0.0
+                    if client and (n := len(REQUEST_LINE.findall(data))):
+                        requests[0] += n  # before it is forwarded: exact once the answer is back
+                        stream[0] = data.startswith(b"GET ")  # change notifications: a stream
+                        delay = delay_ms / 1e3
+                    elif stream[0]:  # a stream's event crosses the link one way: half a trip
+                        delay = delay_ms / 2e3
+                    due = max(due, time.monotonic() + delay)  # what follows stays behind it
+                    held.put_nowait((due, data))
+            held.put_nowait((0.0, b""))
+            await forward
+        finally:
+            forward.cancel()
+
+    async def release(held: asyncio.Queue[tuple[float, bytes]], dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                due, data = await held.get()
+                if not data:
+                    return
+                if (wait := due - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
                 dst.write(data)
                 await dst.drain()
 
@@ -289,7 +313,8 @@ class Proxy:
     """A proxy process in front of a local port (its own process: libsql holds the GIL
     through its network calls). It forwards bytes untouched and counts the HTTP/1.x requests
     sent; with a delay, it holds each chunk that starts a request ``delay_ms`` (a round trip
-    on a slow network) and each event of a change notifications stream (a ``GET``) half that."""
+    on a slow network) and each event of a change notifications stream (a ``GET``) half that,
+    each from when it came (a request pipelined behind another one is not held behind it)."""
 
     def __init__(self, target_port: int, delay_ms: float) -> None:
         self.delay_ms = delay_ms

@@ -100,6 +100,15 @@ def server(sqld: Any) -> Any:
 
 
 @pytest.fixture
+def one_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop's writes one request at a time (as a thread's go): for the tests of what the
+    writes that wait behind the request in flight become (`hrana.FLIGHTS`)."""
+    from harel_store.connection import hrana
+
+    monkeypatch.setattr(hrana, "FLIGHTS", 1)
+
+
+@pytest.fixture
 def proxy(server: Any) -> Iterator[Any]:
     """A loopback proxy in front of `server` (`tests.proxy`), to make the network misbehave."""
     from tests.proxy import Proxy

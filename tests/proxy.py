@@ -1,7 +1,8 @@
 """A loopback TCP proxy in front of a server, for tests that need a misbehaving network.
 
 It forwards bytes both ways and watches the HTTP/1.1 requests that cross it: it counts
-them, tracks how many are awaiting their answer at once, and can delay each request. Its
+them, tracks how many are awaiting their answer at once (and on how many connections), and
+can delay each request (a connection's requests one after the other). Its
 ``mode`` misbehaves from the next request on: ``hang`` holds requests and never answers,
 ``cut`` drops the connection instead of forwarding a request, ``drop`` forwards it and
 drops the connection instead of the answer (and ``hang_on`` holds only the requests with
@@ -27,8 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-REQUEST_LINE = re.compile(rb"(?:^|\r\n)(?:GET|POST|PUT|DELETE|HEAD) \S+ HTTP/1\.[01]\r\n")
-STATUS_LINE = re.compile(rb"(?:^|\r\n)HTTP/1\.[01] \d{3} ")
+# Unanchored: a request pipelined behind another one follows that one's body at once.
+REQUEST_LINE = re.compile(rb"(?:GET|POST|PUT|DELETE|HEAD) /\S* HTTP/1\.[01]\r\n")
+STATUS_LINE = re.compile(rb"HTTP/1\.[01] \d{3} ")
 Mode = Literal["forward", "hang", "cut", "drop", "blackhole"]
 
 
@@ -41,8 +43,10 @@ class Proxy:
         self.listen = True  # False: a change notifications request is answered 404
         self.hang_on: bytes | None = None  # a request holding these bytes is never answered
         self.requests = 0  # requests seen, whatever became of them
-        self.in_flight = 0
+        self.in_flight = 0  # requests awaiting their answer, on every connection
         self.max_in_flight = 0
+        self.max_busy = 0  # the most connections with a request awaiting its answer at once
+        self._busy: dict[socket.socket, int] = {}  # a client's connection -> its in_flight
         self._tls = tls
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -98,6 +102,18 @@ class Proxy:
         threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
         self._pipe(client, server, True)
 
+    def _count(self, client: socket.socket, seen: int) -> None:
+        """``seen`` requests sent (positive) or answered (negative) on ``client``."""
+        with self._lock:
+            self.in_flight += seen
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            left = self._busy.get(client, 0) + seen
+            if left > 0:
+                self._busy[client] = left
+            else:
+                self._busy.pop(client, None)
+            self.max_busy = max(self.max_busy, len(self._busy))
+
     def _pipe(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         """Forward ``src`` to ``dst`` (``upstream``: from the client) until either closes."""
         try:
@@ -112,8 +128,7 @@ class Proxy:
                 if seen and upstream:
                     with self._lock:
                         self.requests += seen
-                        self.in_flight += seen
-                        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                    self._count(src, seen)
                     if self.mode == "cut":  # the request never reaches the server
                         break
                     while self.mode == "hang" or (self.hang_on and self.hang_on in data):
@@ -123,8 +138,8 @@ class Proxy:
                     if self.delay:
                         time.sleep(self.delay)
                 elif seen:
+                    self._count(dst, -seen)
                     with self._lock:
-                        self.in_flight -= seen
                         then, self.on_answer = self.on_answer, None
                     if then is not None:
                         then()
@@ -134,6 +149,8 @@ class Proxy:
         except OSError:
             pass
         finally:
+            with self._lock:
+                self._busy.pop(src if upstream else dst, None)
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

@@ -189,7 +189,7 @@ def test_two_live_loops_in_two_threads_share_one_store(create: Create) -> None:
 
 @pytest.mark.sqld
 def test_close_from_another_loop_while_a_write_is_in_flight(
-    proxy: Proxy, server: SqldServer
+    proxy: Proxy, server: SqldServer, one_flight: None
 ) -> None:
     """A write in flight on loop A when loop B closes the store lands and says so; one that
     waited behind it was never sent and is a StoreError, its execution where it was."""

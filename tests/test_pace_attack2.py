@@ -122,7 +122,7 @@ async def behind_a_write_in_flight(store: AsyncLibsqlStore, proxy: Proxy) -> asy
 @pytest.mark.sqld
 @pytest.mark.slow
 def test_held_several_members_fail_conflicts_and_refusals_each_alone_async(
-    proxy: Proxy, server: SqldServer
+    proxy: Proxy, server: SqldServer, one_flight: None
 ) -> None:
     async def main() -> None:
         store = await open_async(proxy, server)
@@ -257,7 +257,7 @@ def test_held_a_commit_cancelled_during_the_optimistic_try_settles_after_the_rep
 @pytest.mark.sqld
 @pytest.mark.slow
 def test_a_raw_write_whose_future_was_cancelled_before_the_replay_is_not_replayed(
-    proxy: Proxy, server: SqldServer
+    proxy: Proxy, server: SqldServer, one_flight: None
 ) -> None:
     """`_take` drops a write whose async caller left before it was sent (nothing of it can
     have landed). The optimistic try rolled back, so a write whose caller left during it is

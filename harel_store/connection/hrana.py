@@ -20,7 +20,7 @@ import random
 import ssl
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from decimal import ROUND_DOWN, Context, Decimal
 from typing import Any
 from urllib.parse import urlsplit
@@ -370,6 +370,14 @@ GROUP_BYTES = 1 << 20
 # is the same idea.
 GROUP_WAIT = 0.002
 _GROUP_TURNS = 16
+# The async writes of a loop go in up to FLIGHTS requests at once, pipelined on one
+# connection (HTTP/1.1): sqld reads and runs them one after the other in the order sent, so
+# the store never has more than one write at the server (its wedge: see HranaConnection),
+# while the next requests cross the link as the one before them runs there. The writes
+# waiting are shared among the free flights, at least SPLIT_LEAST a request: 32 writers
+# fly in four requests of 8, and each answer's callers fill the next request as it lands.
+FLIGHTS = 4
+SPLIT_LEAST = 8
 _WAKE_TURN = 2  # async callers woken a turn of the loop (see HranaConnection._asender)
 
 # What an https client reads when the server answered in plain HTTP (OpenSSL's words).
@@ -414,21 +422,23 @@ class _LoopWrites:
     """The async writes of one event loop: those waiting, its sender task (while any
     waits), and how many writes its next group waits for (as `HranaConnection._expect`)."""
 
-    __slots__ = ("awaiting", "expect", "loop", "sender")
+    __slots__ = ("awaiting", "changed", "expect", "loop", "pipeline", "sender")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pipeline: http.Pipeline) -> None:
         self.loop = loop
         self.awaiting: collections.deque[_Pending] = collections.deque()
         self.sender: asyncio.Task[None] | None = None
+        self.changed = asyncio.Event()  # set when a write arrives or a flight lands
+        self.pipeline = pipeline  # the connection its write requests go on
         self.expect = 0
 
 
-def _take(waiting: collections.deque[_Pending]) -> list[_Pending]:
-    """The next group: the oldest waiting writes, within `GROUP_MAX` and (past the first)
+def _take(waiting: collections.deque[_Pending], most: int = GROUP_MAX) -> list[_Pending]:
+    """The next group: the oldest waiting writes, within ``most`` and (past the first)
     `GROUP_BYTES`; a write whose async caller left before it was sent is dropped."""
     group: list[_Pending] = []
     size = 0
-    while waiting and len(group) < GROUP_MAX:
+    while waiting and len(group) < most:
         pending = waiting[0]
         if pending.left():
             waiting.popleft()
@@ -444,15 +454,17 @@ class HranaConnection:
     """A remote primary at ``url`` (``http(s)://``, as `url.parse_database` makes it): every
     request one HTTP round trip, from any thread or task at once.
 
-    Reads go out at once, as many at a time as there are callers. Writes go **one request
-    at a time** (group commit): the write batches that arrive while one request is in
-    flight wait for it, and the next request carries all of them, each its own transaction
-    with its own outcome. A write alone costs one request and no wait. One at a time
+    Reads go out at once, as many at a time as there are callers. Writes are grouped
+    (group commit): one request carries every write batch that waited for it, each its own
+    transaction with its own outcome, and a write alone costs one request and no wait. The
+    threads of a process send **one write request at a time**; the tasks of an event loop
+    up to `FLIGHTS` at once, pipelined on one connection, which sqld answers one after the
+    other in the order sent. Either way the store has one write at the server at a time,
     because sqld 0.24.32 can wedge for good when writers queue at its write lock; several
-    processes writing to one server still queue there, one write each.
+    processes (or loops) writing to one server still queue there, one write each.
 
     ``timeout`` bounds each request (connecting, sending, waiting for the answer); a write
-    can also wait for the request in flight before its own. A write that was sent and got
+    can also wait for the requests in flight before its own. A write that was sent and got
     no complete answer raises `OutcomeUnknown`, as does every write of its group. A batch
     the server refused as busy (SQLITE_BUSY: its write lock was not to be had, so the batch
     rolled back) is sent again after a short pause, for up to ``busy_timeout`` seconds, as
@@ -596,6 +608,8 @@ class HranaConnection:
         writes.awaiting.append(mine)
         if writes.sender is None:
             writes.sender = asyncio.create_task(self._asender(writes))
+        else:
+            writes.changed.set()
         return await mine.future  # type: ignore[misc]
 
     def _writes(self) -> _LoopWrites:
@@ -609,31 +623,52 @@ class HranaConnection:
         if writes is None:
             with self._turn:
                 for old in [old for old in self._loops if old.is_closed()]:
-                    del self._loops[old]
-                writes = self._loops.setdefault(loop, _LoopWrites(loop))
+                    self._loops.pop(old).pipeline.close()
+                writes = self._loops.get(loop)
+                if writes is None:
+                    writes = _LoopWrites(loop, http.Pipeline(self._aclient))
+                    self._loops[loop] = writes
         return writes
 
     async def _asender(self, writes: _LoopWrites) -> None:
-        """Send the waiting writes of this loop, a group per request, until none waits."""
-        awaiting = writes.awaiting
+        """Send the waiting writes of this loop, a group per request and up to `FLIGHTS`
+        requests in flight on its pipeline, until none waits and none flies."""
+        awaiting, changed = writes.awaiting, writes.changed
+        flights: set[asyncio.Task[None]] = set()
+        failed: list[BaseException] = []  # a flight's own failure (its callers are settled)
+
+        def landed(flight: asyncio.Task[None]) -> None:
+            flights.discard(flight)
+            if not flight.cancelled() and (error := flight.exception()) is not None:
+                failed.append(error)
+            changed.set()
+
         try:
-            while awaiting:
+            while awaiting or flights:
+                if failed:
+                    raise failed[0]
+                if not awaiting or len(flights) >= FLIGHTS:
+                    changed.clear()
+                    await changed.wait()
+                    continue
                 # Let the writes of the last group, just answered, queue again first (see
                 # GROUP_WAIT): a few turns of the loop, no timed wait.
                 for _ in range(_GROUP_TURNS):
                     if len(awaiting) >= writes.expect:
                         break
                     await asyncio.sleep(0)
-                group = _take(awaiting)
-                if not group:
-                    continue
-                try:
-                    writes.expect = min(await self._asend(group, awaiting) + len(group), GROUP_MAX)
-                finally:
-                    self._abandon(group)
-                    for pending in group:
-                        pending.wake()
+                free = FLIGHTS - len(flights)  # the waiting writes, shared among them
+                share = min(GROUP_MAX, max(SPLIT_LEAST, -(-len(awaiting) // free)))
+                group = _take(awaiting, share)
+                if group:
+                    flight = asyncio.create_task(self._afly(writes, group))
+                    flights.add(flight)
+                    flight.add_done_callback(landed)
         finally:
+            if flights:  # the sender was cancelled (the store closes): their writes too
+                for flight in flights:
+                    flight.cancel()
+                await asyncio.wait(list(flights))
             writes.sender = None
             while awaiting:  # the sender itself was cancelled: these were never sent
                 pending = awaiting.popleft()
@@ -642,8 +677,21 @@ class HranaConnection:
                 )
                 pending.wake()
 
+    async def _afly(self, writes: _LoopWrites, group: list[_Pending]) -> None:
+        """Send one group of the loop's writes on its pipeline and wake its callers."""
+        try:
+            waiting = await self._asend(group, writes.awaiting, writes.pipeline.post)
+            writes.expect = min(waiting + len(group), GROUP_MAX)
+        finally:
+            self._abandon(group)
+            for pending in group:
+                pending.wake()
+
     async def _asend(
-        self, group: list[_Pending], awaiting: collections.deque[_Pending] | None
+        self,
+        group: list[_Pending],
+        awaiting: collections.deque[_Pending] | None,
+        post: Callable[[str, bytes], Awaitable[http.Response]] | None = None,
     ) -> int:
         """Async version of `_send`; it wakes each caller as its outcome is known, a few
         in a turn of the loop (the next steps of 32 callers run in one turn would stall the
@@ -657,7 +705,7 @@ class HranaConnection:
                     pending.wake()
                 return len(awaiting or ())
             try:
-                answer: http.Response | http.HTTPFailure = await self._aclient.post(
+                answer: http.Response | http.HTTPFailure = await (post or self._aclient.post)(
                     self._endpoint, _body(group)
                 )
             except http.HTTPFailure as exc:
@@ -836,6 +884,10 @@ class HranaConnection:
         self._closed = True
         self._aclient.close()  # its idle connections too: that needs no event loop
         self._client.close()
+        with self._turn:
+            pipelines = [writes.pipeline for writes in self._loops.values()]
+        for pipeline in pipelines:
+            pipeline.close()
 
     async def aclose(self) -> None:
         """Close, from any loop: this loop's sender is cancelled (its writes not yet sent
@@ -848,8 +900,7 @@ class HranaConnection:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
-        self._aclient.close()
-        self._client.close()
+        self.close()
 
 
 def _system_trust() -> ssl.SSLContext:

@@ -103,7 +103,8 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _TO_EOF = range(
 
 class _Parser:
     """One answer out of the bytes appended to ``buf``: `parse` after each append,
-    `eof` when the connection ends. ``reusable`` is known once an answer is complete."""
+    `eof` when the connection ends. ``reusable`` is known once an answer is complete (bytes
+    left in ``buf`` then came after it: the next answer's, or nobody's)."""
 
     __slots__ = ("body", "buf", "headers", "left", "reusable", "state", "status")
 
@@ -176,9 +177,7 @@ class _Parser:
         raise Broken("the connection closed before the answer was complete", sent=True)
 
     def _done(self, body: bytes, used: int) -> Response:
-        del self.buf[:used]
-        if self.buf:  # bytes nobody asked for: the connection is not to be trusted
-            self.reusable = False
+        del self.buf[:used]  # what is left: the next answer's start, or bytes nobody asked for
         return Response(self.status, self.headers, body)
 
     def _head(self, head: str) -> None:
@@ -440,7 +439,7 @@ class Client(_Origin[socket.socket]):
         response = self._exchange(sock, data, deadline, parser)
         assert response is not None
         with self._lock:
-            if parser.reusable and not self._closed:
+            if parser.reusable and not parser.buf and not self._closed:
                 self._idle.append(sock)
                 return response
         sock.close()
@@ -876,7 +875,7 @@ class AsyncClient(_Origin[_Socket]):
                 raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
             raise
         with self._lock:
-            if parser.reusable and not self._closed:
+            if parser.reusable and not parser.buf and not self._closed:
                 self._idle.append(conn)
                 return response
         conn.close()
@@ -940,3 +939,129 @@ class AsyncClient(_Origin[_Socket]):
                 raise _connect_failure(exc, proxy) from exc
             raise
         return conn
+
+
+class Pipeline:
+    """Requests of one event loop's tasks to an `AsyncClient`'s origin over one connection,
+    each sent as soon as it is asked for, without waiting for the answers to those before
+    it (HTTP/1.1 pipelining): the server reads and answers them one at a time, in the order
+    they were sent, and their answers come back in that order.
+
+    Each request is bounded by the client's timeout as a whole, its wait for the answers
+    before its own included. A connection that fails (broken, timed out, an answer that is
+    not HTTP, one that says ``Connection: close``) fails every request sent on it that has
+    no answer yet, as sent (`Broken`); the next request opens another. `close` closes it.
+    """
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._conn: _Socket | None = None
+        self._buf = bytearray()  # bytes read past the last answer: the next one's start
+        # Whether the last request's answer was read (False: its connection failed); None
+        # while no request waits for an answer (the connection is idle).
+        self._last: asyncio.Future[bool] | None = None
+        self._sending: asyncio.Lock | None = None  # one request's bytes at a time
+        self._closing = False  # closed: the connection ends with the last answer due
+
+    async def post(self, path: str, body: bytes) -> Response:
+        client = self._client
+        if client._closed or self._closing:
+            raise RuntimeError("closed")
+        data = client._request(path, body)
+        sent = [False]
+        try:
+            if sys.version_info >= (3, 11):
+                async with asyncio.timeout(client._timeout):
+                    return await self._exchange(data, sent)
+            return await asyncio.wait_for(self._exchange(data, sent), client._timeout)
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise TimedOut(client._late, sent=sent[0]) from exc
+
+    def close(self) -> None:
+        """Close its connection (no loop needed), or if requests on it wait for their
+        answers, once the last of them has its answer (as the client's requests in flight
+        close their own)."""
+        self._closing = True
+        if self._last is None and (conn := self._conn) is not None:
+            self._conn = None
+            conn.close()
+
+    async def _exchange(self, data: bytes, sent: list[bool]) -> Response:
+        loop = asyncio.get_running_loop()
+        if self._sending is None:
+            self._sending = asyncio.Lock()
+        async with self._sending:
+            conn = self._conn
+            if conn is not None and self._last is None and conn.stale():
+                self.close()  # idle, and the server closed it meanwhile
+                conn = None
+            if conn is None:
+                conn = self._client._take() or await self._client._connect(loop)
+                if conn.stale():
+                    conn.close()
+                    raise Broken("the server closed the connection at once", sent=False)
+                self._conn, self._buf, self._last = conn, bytearray(), None
+            before, mine = self._last, loop.create_future()
+            self._last = mine
+            try:
+                sent[0] = True
+                await conn.send(loop, data)
+            except BaseException as exc:
+                self._fail(conn, mine, reading=before is None or before.done())
+                if isinstance(exc, OSError):
+                    raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
+                raise
+        reading = before is None
+        try:
+            if before is not None:
+                ok = await asyncio.shield(before)
+                reading = True  # its turn: no request before it reads the connection now
+                if not ok or self._conn is not conn:
+                    raise Broken("the connection failed before this request's answer", sent=True)
+            parser = _Parser()
+            parser.buf, self._buf = self._buf, bytearray()
+            response = parser.parse() if parser.buf else None
+            while response is None:
+                chunk = await conn.recv(loop)
+                if chunk:
+                    parser.buf += chunk
+                    response = parser.parse()
+                else:
+                    response = parser.eof()
+        except BaseException as exc:
+            self._fail(conn, mine, reading)
+            if isinstance(exc, OSError):
+                raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
+            raise
+        if not parser.reusable:
+            self._fail(conn, mine, reading=True)  # nothing more is read on it
+            return response
+        self._buf = parser.buf
+        mine.set_result(True)
+        if self._last is mine:
+            self._last = None  # nothing after it: the connection is idle
+            if self._closing or self._client._closed:
+                self._fail(conn, mine, reading=True)
+        return response
+
+    def _fail(self, conn: _Socket, mine: asyncio.Future[bool], reading: bool) -> None:
+        """The connection failed (or ends) for the request whose answer ``mine`` stands for:
+        those after it fail. ``reading``: no request before it is reading the connection."""
+        if self._conn is conn:
+            self._conn = None
+        self._end(conn, reading)
+        if not mine.done():
+            mine.set_result(False)
+        if self._last is mine:
+            self._last = None
+
+    @staticmethod
+    def _end(conn: _Socket, reading: bool) -> None:
+        """Close ``conn``; while a request before is reading it, only shut it down: that
+        request reads its end, fails and closes it (a socket closed under a loop's reader
+        would leave that reader waiting until its timeout)."""
+        if reading:
+            conn.close()
+            return
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
