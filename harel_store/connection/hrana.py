@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import contextlib
 import itertools
 import json
 import random
@@ -647,6 +646,9 @@ class HranaConnection:
             while awaiting or flights:
                 if failed:
                     raise failed[0]
+                if self._closed and awaiting:  # closed: nothing more is sent
+                    self._refuse_waiting(awaiting)
+                    continue
                 if not awaiting or len(flights) >= FLIGHTS:
                     changed.clear()
                     await changed.wait()
@@ -670,12 +672,15 @@ class HranaConnection:
                     flight.cancel()
                 await asyncio.wait(list(flights))
             writes.sender = None
-            while awaiting:  # the sender itself was cancelled: these were never sent
-                pending = awaiting.popleft()
-                pending.settle(
-                    None, StoreError(f"the write to {self.where} was not sent: the store closed")
-                )
-                pending.wake()
+            self._refuse_waiting(awaiting)  # the sender itself was cancelled: never sent
+
+    def _refuse_waiting(self, awaiting: collections.deque[_Pending]) -> None:
+        while awaiting:
+            pending = awaiting.popleft()
+            pending.settle(
+                None, StoreError(f"the write to {self.where} was not sent: the store closed")
+            )
+            pending.wake()
 
     async def _afly(self, writes: _LoopWrites, group: list[_Pending]) -> None:
         """Send one group of the loop's writes on its pipeline and wake its callers."""
@@ -710,6 +715,13 @@ class HranaConnection:
                 )
             except http.HTTPFailure as exc:
                 answer = exc
+            except RuntimeError:  # the client closed (the store, from another thread)
+                if not self._closed:
+                    raise
+                self._refuse_closed(group)
+                for pending in group:
+                    pending.wake()
+                return len(awaiting or ())
             waiting = len(awaiting or ())
             settle = self._settle(group, answer, started, tries)
             for n in itertools.count(1):
@@ -885,22 +897,39 @@ class HranaConnection:
         self._aclient.close()  # its idle connections too: that needs no event loop
         self._client.close()
         with self._turn:
-            pipelines = [writes.pipeline for writes in self._loops.values()]
-        for pipeline in pipelines:
-            pipeline.close()
+            loops = list(self._loops.values())
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for writes in loops:
+            if writes.loop is running:
+                _close_pipeline(writes)
+                continue
+            if writes.loop.is_closed():
+                writes.pipeline.close()
+                continue
+            try:  # a pipeline is its loop's: closed there, between two of its steps
+                writes.loop.call_soon_threadsafe(_close_pipeline, writes)
+            except RuntimeError:  # that loop closed meanwhile
+                writes.pipeline.close()
 
     async def aclose(self) -> None:
-        """Close, from any loop: this loop's sender is cancelled (its writes not yet sent
-        fail: the store is closed); another loop's sender refuses its next group itself."""
-        self._closed = True
+        """Close, from any loop: each loop's sender sends nothing more (its writes not yet
+        sent fail: the store is closed), and its requests in flight have their answers
+        (this loop's are awaited, within the timeout)."""
+        self.close()
         with self._turn:
             writes = self._loops.get(asyncio.get_running_loop())
         sender = writes.sender if writes is not None else None
         if sender is not None and sender is not asyncio.current_task():
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-        self.close()
+            await asyncio.wait([sender])  # (a failure of its own is the task's to report)
+
+
+def _close_pipeline(writes: _LoopWrites) -> None:
+    """On the loop of ``writes``: its sender sends nothing more, its pipeline closes."""
+    writes.changed.set()
+    writes.pipeline.close()
 
 
 def _system_trust() -> ssl.SSLContext:

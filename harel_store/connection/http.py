@@ -941,6 +941,22 @@ class AsyncClient(_Origin[_Socket]):
         return conn
 
 
+class _Piped:
+    """A `Pipeline`'s connection: the bytes read past the last answer (the next one's
+    start), the future of the last request sent (whether the one after it may read), how
+    many requests on it have not finished, and whether it ended (shut down: the last of
+    them closes it)."""
+
+    __slots__ = ("buf", "ended", "last", "pending", "sock")
+
+    def __init__(self, sock: _Socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.last: asyncio.Future[bool] | None = None
+        self.pending = 0
+        self.ended = False
+
+
 class Pipeline:
     """Requests of one event loop's tasks to an `AsyncClient`'s origin over one connection,
     each sent as soon as it is asked for, without waiting for the answers to those before
@@ -949,19 +965,17 @@ class Pipeline:
 
     Each request is bounded by the client's timeout as a whole, its wait for the answers
     before its own included. A connection that fails (broken, timed out, an answer that is
-    not HTTP, one that says ``Connection: close``) fails every request sent on it that has
-    no answer yet, as sent (`Broken`); the next request opens another. `close` closes it.
+    not HTTP, one that says ``Connection: close``, bytes past the last answer due) fails
+    every request sent on it that has no answer yet, as sent (`Broken`); the next request
+    opens another. `close` (from the pipeline's loop) lets the requests sent have their
+    answers, then closes the connection; a request after it raises RuntimeError.
     """
 
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
-        self._conn: _Socket | None = None
-        self._buf = bytearray()  # bytes read past the last answer: the next one's start
-        # Whether the last request's answer was read (False: its connection failed); None
-        # while no request waits for an answer (the connection is idle).
-        self._last: asyncio.Future[bool] | None = None
+        self._conn: _Piped | None = None
         self._sending: asyncio.Lock | None = None  # one request's bytes at a time
-        self._closing = False  # closed: the connection ends with the last answer due
+        self._closing = False
 
     async def post(self, path: str, body: bytes) -> Response:
         client = self._client
@@ -978,90 +992,82 @@ class Pipeline:
             raise TimedOut(client._late, sent=sent[0]) from exc
 
     def close(self) -> None:
-        """Close its connection (no loop needed), or if requests on it wait for their
-        answers, once the last of them has its answer (as the client's requests in flight
-        close their own)."""
+        """Close the connection once no request on it waits for its answer."""
         self._closing = True
-        if self._last is None and (conn := self._conn) is not None:
+        piped = self._conn
+        if piped is not None and not piped.pending:
             self._conn = None
-            conn.close()
+            piped.sock.close()
 
     async def _exchange(self, data: bytes, sent: list[bool]) -> Response:
         loop = asyncio.get_running_loop()
         if self._sending is None:
             self._sending = asyncio.Lock()
         async with self._sending:
-            conn = self._conn
-            if conn is not None and self._last is None and conn.stale():
-                self.close()  # idle, and the server closed it meanwhile
-                conn = None
-            if conn is None:
-                conn = self._client._take() or await self._client._connect(loop)
-                if conn.stale():
-                    conn.close()
+            if self._closing or self._client._closed:
+                raise RuntimeError("closed")
+            piped = self._conn
+            if piped is not None and not piped.pending and (piped.buf or piped.sock.stale()):
+                self._conn = None  # idle, and the server closed it or sent stray bytes
+                piped.sock.close()
+                piped = None
+            if piped is None:
+                sock = self._client._take() or await self._client._connect(loop)
+                if sock.stale():
+                    sock.close()
                     raise Broken("the server closed the connection at once", sent=False)
-                self._conn, self._buf, self._last = conn, bytearray(), None
-            before, mine = self._last, loop.create_future()
-            self._last = mine
+                piped = self._conn = _Piped(sock)
+            before, mine = piped.last, loop.create_future()
+            piped.last = mine
+            piped.pending += 1
             try:
                 sent[0] = True
-                await conn.send(loop, data)
+                await piped.sock.send(loop, data)
             except BaseException as exc:
-                self._fail(conn, mine, reading=before is None or before.done())
+                self._finish(piped, mine, ok=False)
                 if isinstance(exc, OSError):
                     raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
                 raise
-        reading = before is None
         try:
-            if before is not None:
-                ok = await asyncio.shield(before)
-                reading = True  # its turn: no request before it reads the connection now
-                if not ok or self._conn is not conn:
-                    raise Broken("the connection failed before this request's answer", sent=True)
+            if before is not None and not await asyncio.shield(before):
+                raise Broken("the connection failed before this request's answer", sent=True)
             parser = _Parser()
-            parser.buf, self._buf = self._buf, bytearray()
+            parser.buf, piped.buf = piped.buf, bytearray()
             response = parser.parse() if parser.buf else None
             while response is None:
-                chunk = await conn.recv(loop)
+                chunk = await piped.sock.recv(loop)
                 if chunk:
                     parser.buf += chunk
                     response = parser.parse()
                 else:
                     response = parser.eof()
         except BaseException as exc:
-            self._fail(conn, mine, reading)
+            self._finish(piped, mine, ok=False)
             if isinstance(exc, OSError):
                 raise Broken(f"the connection broke: {exc.strerror or exc}", sent=True) from exc
             raise
-        if not parser.reusable:
-            self._fail(conn, mine, reading=True)  # nothing more is read on it
-            return response
-        self._buf = parser.buf
-        mine.set_result(True)
-        if self._last is mine:
-            self._last = None  # nothing after it: the connection is idle
-            if self._closing or self._client._closed:
-                self._fail(conn, mine, reading=True)
+        piped.buf = parser.buf
+        # Not reusable, or bytes past the last answer due (nobody's): nothing more is read.
+        self._finish(piped, mine, ok=parser.reusable and not (piped.last is mine and piped.buf))
         return response
 
-    def _fail(self, conn: _Socket, mine: asyncio.Future[bool], reading: bool) -> None:
-        """The connection failed (or ends) for the request whose answer ``mine`` stands for:
-        those after it fail. ``reading``: no request before it is reading the connection."""
-        if self._conn is conn:
-            self._conn = None
-        self._end(conn, reading)
+    def _finish(self, piped: _Piped, mine: asyncio.Future[bool], ok: bool) -> None:
+        """A request on ``piped`` finished (``ok``: its connection may go on). A failure
+        ends the connection: shut down, so that a request before reading it wakes to its
+        end (a socket closed under a loop's reader would leave that reader waiting until
+        its timeout); the requests after it fail; the last request to finish closes it."""
+        piped.pending -= 1
+        if not ok and not piped.ended:
+            piped.ended = True
+            if self._conn is piped:
+                self._conn = None
+            with contextlib.suppress(OSError):
+                piped.sock.sock.shutdown(socket.SHUT_RDWR)
         if not mine.done():
-            mine.set_result(False)
-        if self._last is mine:
-            self._last = None
-
-    @staticmethod
-    def _end(conn: _Socket, reading: bool) -> None:
-        """Close ``conn``; while a request before is reading it, only shut it down: that
-        request reads its end, fails and closes it (a socket closed under a loop's reader
-        would leave that reader waiting until its timeout)."""
-        if reading:
-            conn.close()
-            return
-        with contextlib.suppress(OSError):
-            conn.sock.shutdown(socket.SHUT_RDWR)
+            mine.set_result(not piped.ended)
+        if piped.last is mine:
+            piped.last = None
+        if not piped.pending and (piped.ended or self._closing or self._conn is not piped):
+            if self._conn is piped:
+                self._conn = None
+            piped.sock.close()
