@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import itertools
 import json
 import random
@@ -331,14 +332,16 @@ def _one_transaction(group: list[_Pending]) -> bool:
 
 
 class _Streams:
-    """The server's streams kept open between reads (a read costs sqld ~0.8 ms of CPU less
+    """The server's streams kept open between reads (a read costs sqld ~0.5 ms of CPU less
     on a stream it already has than on a new one, which opens a database connection): at
     most `STREAMS` of them, each its Hrana baton while idle. One idle longer than
-    `STREAM_IDLE` is let go (sqld expires a stream after 10 s). Writes go on new streams."""
+    `STREAM_IDLE` is let go (sqld expires a stream after 10 s). Writes go on new streams.
+    A server that names a ``base_url`` (sticky sessions) gets no stream kept from then on."""
 
     def __init__(self) -> None:
         self._idle: list[tuple[str, float]] = []  # (baton, when it came back), newest last
         self._open = 0  # idle and in use
+        self._most = STREAMS  # 0 once off
         self._lock = threading.Lock()
 
     def take(self) -> tuple[str | None, bool]:
@@ -348,7 +351,7 @@ class _Streams:
                 return self._idle.pop()[0], True
             self._open -= len(self._idle)  # the newest is last: all of them are too old
             self._idle.clear()
-            if self._open < STREAMS:
+            if self._open < min(self._most, STREAMS):
                 self._open += 1
                 return None, True
             return None, False
@@ -357,11 +360,28 @@ class _Streams:
         with self._lock:
             self._idle.append((baton, time.monotonic()))
 
-    def drop(self) -> None:
-        """A kept stream let go (its request failed: its baton is not known to be good;
-        or the answer named no baton for this server)."""
+    def drop(self, *, all_idle: bool = False, off: bool = False) -> list[str]:
+        """A kept stream let go: its request failed (its baton is not known to be good),
+        or its answer named no baton, or another server's (``off``: keep none from now
+        on). ``all_idle``: let the idle ones go too (a server that refused one likely
+        knows none of them: it restarted). Returns the batons of the idle ones let go."""
         with self._lock:
             self._open -= 1
+            if off:
+                self._most = 0
+            return self._let_go() if all_idle or off else []
+
+    def close(self) -> list[str]:
+        """Keep none from now on; the batons of the idle ones, to close."""
+        with self._lock:
+            self._most = 0
+            return self._let_go()
+
+    def _let_go(self) -> list[str]:
+        batons = [baton for baton, since in self._idle if time.monotonic() - since < STREAM_IDLE]
+        self._open -= len(self._idle)
+        self._idle.clear()
+        return batons
 
 
 STREAMS = 4  # (each holds a database connection of sqld while it lasts)
@@ -630,9 +650,12 @@ class HranaConnection:
                 )
             except http.HTTPFailure as exc:
                 answer = exc
-            except BaseException:
+            except BaseException as exc:
                 self._unstream(group)
-                raise
+                if not (isinstance(exc, RuntimeError) and self._closed):
+                    raise
+                self._refuse_closed(group)  # the client closed (by another thread): not sent
+                return
             settle = self._settle(group, answer, started, tries)
             while True:
                 try:
@@ -794,6 +817,26 @@ class HranaConnection:
 
     # --- what an answer means, for every request of it ---
 
+    def _close_streams(self) -> None:
+        """Close the streams kept for reads on the server (each a database connection of
+        it), best effort: within a second each, and none more once one fails."""
+        batons = self._streams.close()
+        if not batons:
+            return
+        try:
+            client = http.Client(self._origin, **{**self._options, "timeout": 1.0})
+        except ValueError:
+            return
+        try:
+            for baton in batons:
+                body = json.dumps({"baton": baton, "requests": [{"type": "close"}]})
+                with contextlib.suppress(http.HTTPFailure, RuntimeError):
+                    if client.post(self._endpoint, body.encode()).status == 200:
+                        continue
+                break
+        finally:
+            client.close()
+
     def _unstream(self, group: list[_Pending]) -> None:
         """A read's request ended with no answer to read (cancelled, the client closed):
         its stream, if kept, is let go."""
@@ -833,7 +876,9 @@ class HranaConnection:
         todo[0].wire.stream = None
         kept = stream is not None and stream[1]
         if kept and not (isinstance(answer, http.Response) and answer.status == 200):
-            self._streams.drop()  # its baton is not known to be good any more
+            # Its baton is not known to be good any more; if it was an idle one, the others
+            # are likely gone too (the server restarted): the read runs again anew.
+            self._streams.drop(all_idle=stream is not None and stream[0] is not None)
         if isinstance(answer, http.HTTPFailure):
             # A read whose connection broke runs once more: it changed nothing. A timeout
             # is not retried: that would double the wait.
@@ -863,8 +908,8 @@ class HranaConnection:
                 baton, kept = reply["baton"], False
                 if isinstance(baton, str) and reply.get("base_url") is None:
                     self._streams.give(baton)
-                else:  # none, or one for another server (a redirect): let go
-                    self._streams.drop()
+                else:  # none, or for a server named (sticky sessions): no more kept
+                    self._streams.drop(off=True)
             replay = one and not todo[0].wire.saved and _member_failed(todo[0].wire, results[0])
             if one:  # every member reads its part of the one result
                 results = [results[0]] * len(todo)
@@ -972,6 +1017,7 @@ class HranaConnection:
 
     def close(self) -> None:
         self._closed = True
+        self._close_streams()
         self._aclient.close()  # its idle connections too: that needs no event loop
         self._client.close()
         with self._turn:
