@@ -100,6 +100,23 @@ def server(sqld: Any) -> Any:
 
 
 @pytest.fixture
+def serve() -> Iterator[Any]:
+    """Starts loopback HTTP test servers (`tests.test_http_client.Server`: each connection a
+    handler's thread), closed after the test."""
+    from tests.test_http_client import Server
+
+    servers: list[Server] = []
+
+    def start(handler: Any, **kw: Any) -> Server:
+        servers.append(Server(handler, **kw))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
 def one_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """A loop's writes one request at a time (as a thread's go): for the tests of what the
     writes that wait behind the request in flight become (`hrana.FLIGHTS`)."""

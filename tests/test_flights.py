@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,19 +18,6 @@ from tests.helpers import wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 from tests.test_http_client import Server, echo, read_request
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
-
-    def start(handler: Callable[[socket.socket, Server], None]) -> Server:
-        servers.append(Server(handler))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
 
 
 def batched(count: int, *, then: str = "answer") -> Callable[[socket.socket, Server], None]:

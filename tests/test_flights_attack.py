@@ -9,35 +9,19 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from harel_store import AsyncLibsqlStore, Event, Execution, OutcomeUnknown, StoreError
 from harel_store.connection import hrana
-from harel_store.connection.http import AsyncClient, Broken, Pipeline
+from harel_store.connection.http import Broken, Pipeline
 from tests.helpers import wait_until
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
+from tests.test_flights import client
 from tests.test_http_client import Server, echo, read_request
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
-
-    def start(handler: Callable[[socket.socket, Server], None]) -> Server:
-        servers.append(Server(handler))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-def client(server: Server, timeout: float = 5.0) -> AsyncClient:
-    return AsyncClient(server.origin, headers={}, timeout=timeout, ssl_context=None)
 
 
 def emit(exe: Execution, tag: str) -> Any:

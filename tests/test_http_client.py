@@ -98,19 +98,6 @@ class Server:
             thread.join(2)
 
 
-@pytest.fixture
-def serve() -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
-
-    def start(handler: Callable[[socket.socket, Server], None], **kw: Any) -> Server:
-        servers.append(Server(handler, **kw))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
 def read_request(conn: socket.socket, buf: bytearray, server: Server) -> bytes | None:
     """The body of the next request on ``conn`` (it has a Content-Length), None at EOF."""
     while (end := buf.find(b"\r\n\r\n")) < 0:

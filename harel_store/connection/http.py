@@ -25,7 +25,7 @@ import socket
 import ssl
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from time import monotonic
@@ -826,13 +826,20 @@ class AsyncClient(_Origin[_Socket]):
     async def post(self, path: str, body: bytes) -> Response:
         if self._closed:
             raise RuntimeError("closed")
-        data = self._request(path, body)
-        sent = [False]  # set by _exchange once the request starts to go out
+        return await self._bounded(self._exchange, self._request(path, body))
+
+    async def _bounded(
+        self,
+        exchange: Callable[[bytes, list[bool]], Awaitable[Response]],
+        data: bytes,
+    ) -> Response:
+        """``exchange(data, sent)`` within the timeout; TimedOut says whether it was sent."""
+        sent = [False]  # set by the exchange once the request starts to go out
         try:
             if sys.version_info >= (3, 11):
                 async with asyncio.timeout(self._timeout):
-                    return await self._exchange(data, sent)
-            return await asyncio.wait_for(self._exchange(data, sent), self._timeout)
+                    return await exchange(data, sent)
+            return await asyncio.wait_for(exchange(data, sent), self._timeout)
         except (TimeoutError, asyncio.TimeoutError) as exc:
             raise TimedOut(self._late, sent=sent[0]) from exc
 
@@ -981,15 +988,7 @@ class Pipeline:
         client = self._client
         if client._closed or self._closing:
             raise RuntimeError("closed")
-        data = client._request(path, body)
-        sent = [False]
-        try:
-            if sys.version_info >= (3, 11):
-                async with asyncio.timeout(client._timeout):
-                    return await self._exchange(data, sent)
-            return await asyncio.wait_for(self._exchange(data, sent), client._timeout)
-        except (TimeoutError, asyncio.TimeoutError) as exc:
-            raise TimedOut(client._late, sent=sent[0]) from exc
+        return await client._bounded(self._exchange, client._request(path, body))
 
     def close(self) -> None:
         """Close the connection once no request on it waits for its answer."""
