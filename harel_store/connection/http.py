@@ -763,6 +763,18 @@ class _Socket:
         if sent < len(data):
             await loop.sock_sendall(self.sock, memoryview(data)[sent:])
 
+    async def answer(self, loop: asyncio.AbstractEventLoop, parser: _Parser) -> Response:
+        """The answer read into ``parser`` (which may hold its start already)."""
+        response = parser.parse() if parser.buf else None
+        while response is None:
+            chunk = await self.recv(loop)
+            if chunk:
+                parser.buf += chunk
+                response = parser.parse()
+            else:
+                response = parser.eof()
+        return response
+
     async def recv(self, loop: asyncio.AbstractEventLoop) -> bytes:
         """The next bytes of the answer; ``b""`` at the end of the connection (a TLS
         peer's close_notify, or its bare EOF, which the sync client reads as EOF too)."""
@@ -868,14 +880,7 @@ class AsyncClient(_Origin[_Socket]):
         try:
             sent[0] = True
             await conn.send(loop, data)
-            response = None
-            while response is None:
-                chunk = await conn.recv(loop)
-                if chunk:
-                    parser.buf += chunk
-                    response = parser.parse()
-                else:
-                    response = parser.eof()
+            response = await conn.answer(loop, parser)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
@@ -1032,14 +1037,7 @@ class Pipeline:
                 raise Broken("the connection failed before this request's answer", sent=True)
             parser = _Parser()
             parser.buf, piped.buf = piped.buf, bytearray()
-            response = parser.parse() if parser.buf else None
-            while response is None:
-                chunk = await piped.sock.recv(loop)
-                if chunk:
-                    parser.buf += chunk
-                    response = parser.parse()
-                else:
-                    response = parser.eof()
+            response = await piped.sock.answer(loop, parser)
         except BaseException as exc:
             self._finish(piped, mine, ok=False)
             if isinstance(exc, OSError):
