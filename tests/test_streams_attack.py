@@ -493,6 +493,7 @@ def test_an_answer_naming_another_server_is_not_kept_and_the_count_holds(
         assert [b["baton"] for b in sent.sent][1:] == [None, None]
 
 
+@pytest.mark.slow
 def test_a_stream_used_now_and_then_outlives_the_servers_expiry(server: SqldServer) -> None:
     """A read every 4.5 s for 13.5 s, on the one kept stream: sqld's 10 s count from its
     last use, so it is never refused (no read sent twice)."""
