@@ -122,16 +122,21 @@ def consistent(streams: hrana._Streams) -> None:
     assert streams._open == len(streams._idle) <= hrana.STREAMS
 
 
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[SqldServer]:
-    """A sqld of the test's own (it is killed and started again), migrated."""
-    server = SqldServer(tmp_path / "own", auth=True, port=free_port())
+def migrated_sqld(path: Path, port: int, *extra_args: str) -> Iterator[SqldServer]:
+    """A sqld of the test's own on ``port``, migrated; killed after."""
+    server = SqldServer(path, auth=True, port=port, extra_args=extra_args)
     server.start()
     LibsqlStore(server.url, auth_token=server.token, migrate=True).close()
     try:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[SqldServer]:
+    """A sqld of the test's own (it is killed and started again), migrated."""
+    yield from migrated_sqld(tmp_path / "own", free_port())
 
 
 def pooled(store: LibsqlStore, proxy: Proxy, n: int, execution_id: str) -> None:
@@ -199,18 +204,9 @@ def sticky_server(tmp_path: Path) -> Iterator[SqldServer]:
     """A sqld run with --http-self-url (sticky sessions, as a fleet of servers behind one
     name has): every answer names it as its base_url."""
     port = free_port()
-    server = SqldServer(
-        tmp_path / "sticky",
-        auth=True,
-        port=port,
-        extra_args=["--http-self-url", f"http://127.0.0.1:{port}"],
+    yield from migrated_sqld(
+        tmp_path / "sticky", port, "--http-self-url", f"http://127.0.0.1:{port}"
     )
-    server.start()
-    LibsqlStore(server.url, auth_token=server.token, migrate=True).close()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def test_a_stream_not_kept_for_its_base_url_is_not_left_open_on_the_server(

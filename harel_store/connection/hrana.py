@@ -341,7 +341,7 @@ class _Streams:
     def __init__(self) -> None:
         self._idle: list[tuple[str, float]] = []  # (baton, when it came back), newest last
         self._open = 0  # idle and in use
-        self._most = STREAMS  # 0 once off
+        self._keeping = True  # False once off (closed, or a server naming a base_url)
         self._lock = threading.Lock()
 
     def take(self) -> tuple[str | None, bool]:
@@ -351,7 +351,7 @@ class _Streams:
                 return self._idle.pop()[0], True
             self._open -= len(self._idle)  # the newest is last: all of them are too old
             self._idle.clear()
-            if self._open < min(self._most, STREAMS):
+            if self._keeping and self._open < STREAMS:
                 self._open += 1
                 return None, True
             return None, False
@@ -360,25 +360,27 @@ class _Streams:
         with self._lock:
             self._idle.append((baton, time.monotonic()))
 
-    def drop(self, *, all_idle: bool = False, off: bool = False) -> list[str]:
+    def drop(self, *, all_idle: bool = False, off: bool = False) -> None:
         """A kept stream let go: its request failed (its baton is not known to be good),
         or its answer named no baton, or another server's (``off``: keep none from now
         on). ``all_idle``: let the idle ones go too (a server that refused one likely
-        knows none of them: it restarted). Returns the batons of the idle ones let go."""
+        knows none of them: it restarted)."""
         with self._lock:
             self._open -= 1
             if off:
-                self._most = 0
-            return self._let_go() if all_idle or off else []
+                self._keeping = False
+            if all_idle or off:
+                self._let_go()
 
     def close(self) -> list[str]:
-        """Keep none from now on; the batons of the idle ones, to close."""
+        """Keep none from now on; the batons of the idle ones not yet expired, to close."""
         with self._lock:
-            self._most = 0
+            self._keeping = False
             return self._let_go()
 
     def _let_go(self) -> list[str]:
-        batons = [baton for baton, since in self._idle if time.monotonic() - since < STREAM_IDLE]
+        now = time.monotonic()
+        batons = [baton for baton, since in self._idle if now - since < STREAM_IDLE]
         self._open -= len(self._idle)
         self._idle.clear()
         return batons
@@ -651,10 +653,7 @@ class HranaConnection:
             except http.HTTPFailure as exc:
                 answer = exc
             except BaseException as exc:
-                self._unstream(group)
-                if not (isinstance(exc, RuntimeError) and self._closed):
-                    raise
-                self._refuse_closed(group)  # the client closed (by another thread): not sent
+                self._not_sent(group, exc)
                 return
             settle = self._settle(group, answer, started, tries)
             while True:
@@ -792,11 +791,7 @@ class HranaConnection:
             except http.HTTPFailure as exc:
                 answer = exc
             except BaseException as exc:
-                self._unstream(group)
-                if not (isinstance(exc, RuntimeError) and self._closed):
-                    raise
-                # the client closed (the store, from another thread): never sent
-                self._refuse_closed(group)
+                self._not_sent(group, exc)
                 for pending in group:
                     pending.wake()
                 return len(awaiting or ())
@@ -837,13 +832,17 @@ class HranaConnection:
         finally:
             client.close()
 
-    def _unstream(self, group: list[_Pending]) -> None:
-        """A read's request ended with no answer to read (cancelled, the client closed):
-        its stream, if kept, is let go."""
+    def _not_sent(self, group: list[_Pending], exc: BaseException) -> None:
+        """The request of ``group`` ended with ``exc`` and no answer to read: a read's
+        stream, if kept, is let go; the client closed (the store, by another thread)
+        refuses the group as closed (it was never sent); anything else is raised."""
         wire = group[0].wire
         if wire.stream is not None and wire.stream[1]:
             self._streams.drop()
         wire.stream = None
+        if not (isinstance(exc, RuntimeError) and self._closed):
+            raise exc
+        self._refuse_closed(group)
 
     def _refuse_closed(self, group: list[_Pending]) -> None:
         for pending in group:
@@ -1030,12 +1029,9 @@ class HranaConnection:
             if writes.loop is running:
                 _close_pipeline(writes)
                 continue
-            if writes.loop.is_closed():
-                writes.pipeline.close()
-                continue
             try:  # a pipeline is its loop's: closed there, between two of its steps
                 writes.loop.call_soon_threadsafe(_close_pipeline, writes)
-            except RuntimeError:  # that loop closed meanwhile
+            except RuntimeError:  # that loop is closed: nothing runs there any more
                 writes.pipeline.close()
 
     async def aclose(self) -> None:

@@ -168,6 +168,13 @@ class _Parser:
                     if self.left < 0:
                         raise BadResponse("the answer's trailer is over 64 KiB")
 
+    def feed(self, chunk: bytes) -> Response | None:
+        """`parse` after ``chunk`` is appended; ``b""`` (the connection ended): `eof`."""
+        if not chunk:
+            return self.eof()
+        self.buf += chunk
+        return self.parse()
+
     def eof(self) -> Response:
         if self.state == _TO_EOF:
             self.reusable = False
@@ -480,12 +487,7 @@ class Client(_Origin[socket.socket]):
             response = None
             while response is None and not (stream and parser.state != _HEAD):
                 sock.settimeout(self._left(deadline, sent))
-                chunk = sock.recv(_READ)
-                if chunk:
-                    parser.buf += chunk
-                    response = parser.parse()
-                else:
-                    response = parser.eof()
+                response = parser.feed(sock.recv(_READ))
             return response
         except BaseException as exc:
             sock.close()
@@ -767,12 +769,7 @@ class _Socket:
         """The answer read into ``parser`` (which may hold its start already)."""
         response = parser.parse() if parser.buf else None
         while response is None:
-            chunk = await self.recv(loop)
-            if chunk:
-                parser.buf += chunk
-                response = parser.parse()
-            else:
-                response = parser.eof()
+            response = parser.feed(await self.recv(loop))
         return response
 
     async def recv(self, loop: asyncio.AbstractEventLoop) -> bytes:
