@@ -8,7 +8,7 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from harel_store.errors import CorruptRecord
@@ -22,6 +22,14 @@ _T = TypeVar("_T")
 
 
 def check_id(value: object, name: str, *, optional: bool = False) -> Any:
+    # The common case first, in one expression: every commit checks several ids.
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_ID_LENGTH
+        and value.isascii()
+        and "\x00" not in value
+    ):
+        return value
     if value is None and optional:
         return None
     if not isinstance(value, str):
@@ -129,31 +137,34 @@ def _check_json(value: object) -> None:
     # Scalars are checked inline, by exact type first: this runs on every document of every
     # commit, and a call per value would cost more than the rest of the check.
     if isinstance(value, dict):
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str and not isinstance(key, str):
                 raise ValueError(f"the key {key!r:.60} is not a string")
             if not key.isascii() and _SURROGATE.search(key):
                 raise ValueError(f"the key {key!r:.60} holds a lone surrogate")
-            kind = type(item)
-            if kind is str:
-                if not item.isascii() and _SURROGATE.search(item):
-                    raise ValueError(f"the string {item!r:.60} holds a lone surrogate")
-            elif kind is float:
-                if not math.isfinite(item):
-                    raise ValueError(f"{item!r} is not a JSON number")
-            elif kind is not int and kind is not bool and item is not None:
-                _check_json(item)
+        items: Iterable[Any] = value.values()
     elif isinstance(value, (list, tuple)):
-        for item in value:
+        items = value
+    else:  # a scalar the loop below did not take: at the top, or of a subclass
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                raise ValueError(f"the string {value!r:.60} holds a lone surrogate")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"{value!r} is not a JSON number")
+        elif value is not None and not isinstance(value, int):  # bool is an int
+            raise ValueError(f"a {type(value).__name__} is not a JSON value")
+        return
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() and _SURROGATE.search(item):
+                raise ValueError(f"the string {item!r:.60} holds a lone surrogate")
+        elif kind is float:
+            if not math.isfinite(item):
+                raise ValueError(f"{item!r} is not a JSON number")
+        elif kind is not int and kind is not bool and item is not None:
             _check_json(item)
-    elif isinstance(value, str):
-        if not value.isascii() and _SURROGATE.search(value):
-            raise ValueError(f"the string {value!r:.60} holds a lone surrogate")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a JSON number")
-    elif value is not None and not isinstance(value, int):  # bool is an int
-        raise ValueError(f"a {type(value).__name__} is not a JSON value")
 
 
 def dumps(value: object, name: str) -> str:
@@ -245,8 +256,8 @@ def check_trace_max(value: object) -> int | None:
 
 def dump_model(model: Execution | Event, name: str) -> str:
     """The JSON of a model `check_execution` or `check_event` passed."""
-    try:
-        return model.model_dump_json()
+    try:  # the serializer itself: model_dump_json's keyword plumbing costs as much again
+        return type(model).__pydantic_serializer__.to_json(model).decode()
     except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
         raise ValueError(f"{name} is not JSON-serializable: {exc}") from None
 

@@ -115,6 +115,13 @@ def check_listing(
     return Listing(statuses, low, high, order, keyset)
 
 
+def _set_version(exe: Execution, version: int) -> None:
+    """``exe.version = version`` without the model's assignment validation (~4 us, a tenth
+    of a commit's own work): the store's own int, past `check_execution`'s check."""
+    exe.__dict__["version"] = version
+    exe.__pydantic_fields_set__.add("version")
+
+
 class Executions(StoreCore):
     """The operations on executions (`harel_store.store.Store` has them all)."""
 
@@ -154,60 +161,55 @@ class Executions(StoreCore):
         if not isinstance(exe, Execution):
             raise TypeError(f"exe must be an Execution, not {type(exe).__name__}")
         check_execution(exe)
+        keys = self._flow_key
+        # Each row checked, and its flow key found (a flow_key function may raise), before
+        # anything is written.
         outbox = []
         for item in emits:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Event)):
                 raise TypeError(f"each emit must be a (target_id | None, Event) pair, not {item!r}")
-            check_event(item[1])
-            outbox.append(
-                (
-                    check_id(item[0], "emit target_id", optional=True),
-                    dump_model(item[1], "emitted event"),
-                )
-            )
+            target, event = item
+            check_event(event)
+            target = check_id(target, "emit target_id", optional=True)
+            event_json = dump_model(event, "emitted event")
+            outbox.append((target, event_json, flows.flow_of(keys, target)))
         check_id(processed_event_id, "processed_event_id", optional=True)
-        timer_ops = list(timers)
+        timer_ops = timers if type(timers) is list else list(timers)
+        armed = False
         for op in timer_ops:  # checked again: TimerOp.model_construct skips its validation
             if not isinstance(op, TimerOp):
                 raise TypeError(f"each timer must be a TimerOp, not {type(op).__name__}")
             check_id(op.path, "timer path")
             if op.action == "schedule":
                 check_finite(op.fire_at, "timer fire_at")
+                armed = True
             elif op.action != "cancel":
                 raise ValueError(f"unknown timer action {op.action!r}: schedule or cancel")
-        spawn_rows: list[tuple[str, str, str]] = []
+        spawn_rows: list[tuple[str, str, str, str]] = []
         for spawn in spawns:
             if not (isinstance(spawn, tuple) and len(spawn) == 3):
                 raise TypeError(f"each spawn must be (child_id, root_path, context), not {spawn!r}")
             child_id, root_path, context = spawn
-            spawn_rows.append(
-                (
-                    check_id(child_id, "spawn child_id"),
-                    check_id(root_path, "spawn root_path"),
-                    dumps(context, "spawn context"),
-                )
-            )
-        # Each item's flow key, before anything is written (a flow_key function may raise).
-        keys = self._flow_key
-        outbox_keys = [flows.flow_of(keys, target) for target, _ in outbox]
-        spawn_keys = [flows.flow_of(keys, child) for child, _, _ in spawn_rows]
-        armed = any(op.action == "schedule" for op in timer_ops)
+            child_id = check_id(child_id, "spawn child_id")
+            root_path = check_id(root_path, "spawn root_path")
+            context_json = dumps(context, "spawn context")
+            spawn_rows.append((child_id, root_path, context_json, flows.flow_of(keys, child_id)))
         timer_key = flows.flow_of(keys, exe.id) if armed else ""
         trace_json = None if trace is None else dumps(trace, "trace")
         consumed = queues.items_of(acks, "acks", self._conn.key) if acks else None
         traced = telemetry.traceparent() if outbox or spawn_rows or timer_ops else None
         old = exe.version
         try:
-            exe.version = old + 1
+            _set_version(exe, old + 1)
             data = dump_model(exe, "execution")
             summary = (exe.status, exe.outcome, exe.active_path, exe.parent_id, exe.finished_at)
             batch = Batch()
             if old == 0:  # new: no row may exist yet
                 cas = "insert_execution"
-                batch.guard(cas, exe.id, exe.definition_id, data, exe.version, *summary)
+                batch.guard(cas, exe.id, exe.definition_id, data, old + 1, *summary)
             else:
                 cas = self._cas_shape(exe, old)
-                update = (exe.id, data, exe.version, old, *summary)
+                update = (exe.id, data, old + 1, old, *summary)
                 batch.guard(cas, *update)
             batch.on_conflict("execution_version", exe.id)
             # The acks consume the items as they were before this commit, so what it writes
@@ -217,12 +219,12 @@ class Executions(StoreCore):
                 queues.add_each(batch, consumed, "ack")
             emitted = [
                 batch.add("insert_outbox", target, exe.id, event, traced, key)
-                for (target, event), key in zip(outbox, outbox_keys, strict=True)
+                for target, event, key in outbox
             ]
             if processed_event_id is not None:
                 batch.add("mark_processed", exe.id, processed_event_id)  # and markers_since
-            for row, key in zip(spawn_rows, spawn_keys, strict=True):
-                batch.add("insert_spawn", exe.id, *row, traced, key)
+            for row in spawn_rows:
+                batch.add("insert_spawn", exe.id, *row[:3], traced, row[3])
             for op in timer_ops:
                 if op.action == "schedule":
                     batch.add("schedule_timer", exe.id, op.path, op.fire_at, traced, timer_key)
@@ -240,10 +242,10 @@ class Executions(StoreCore):
                 batch.steps[0] = statement("update_execution", *update)
                 results = yield batch
         except Conflicted as conflict:
-            exe.version = old
+            _set_version(exe, old)
             raise StoreConflict(exe.id, expected=old, found=conflict.found) from None
         except BaseException:
-            exe.version = old
+            _set_version(exe, old)
             raise
         self._remember(exe)
         if consumed is not None:

@@ -373,13 +373,14 @@ class LocalConnection:
         """The batch's steps, in the transaction begun; Conflicted (nothing undone yet) when a
         guard step fails."""
         results: list[Any] = []
+        conditional, guards = batch.only_if or batch.remote, batch.guards  # most: no condition
         for index, (query, params) in enumerate(batch.steps):
-            if (index in batch.only_if or index in batch.remote) and batch.skips(index, results):
+            if conditional and batch.skips(index, results):
                 results.append(None)
                 continue
             # No cursor outlives its step: an unfinished one would block the COMMIT.
             result = self._result(query, self._execute(query, params))
-            if not batch.guarded(index, result):  # a guard's kind is "!": rows changed
+            if index in guards and not batch.guarded(index, result):  # "!": rows changed
                 raise Conflicted(index, None)
             results.append(result)
         return results
