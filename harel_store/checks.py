@@ -137,6 +137,8 @@ def _check_json(value: object) -> None:
     # Scalars are checked inline, by exact type first: this runs on every document of every
     # commit, and a call per value would cost more than the rest of the check.
     if isinstance(value, dict):
+        if type(value) is not dict:  # a subclass: as its items() says, as JSON encodes it
+            value = dict(value.items())
         for key in value:
             if type(key) is not str and not isinstance(key, str):
                 raise ValueError(f"the key {key!r:.60} is not a string")
@@ -256,8 +258,12 @@ def check_trace_max(value: object) -> int | None:
 
 def dump_model(model: Execution | Event, name: str) -> str:
     """The JSON of a model `check_execution` or `check_event` passed."""
-    try:  # the serializer itself: model_dump_json's keyword plumbing costs as much again
-        return type(model).__pydantic_serializer__.to_json(model).decode()
+    try:
+        if type(model) is Execution or type(model) is Event:
+            # The store's own models (no alias, no override): their serializer itself, as
+            # model_dump_json's keyword plumbing costs as much again.
+            return type(model).__pydantic_serializer__.to_json(model).decode()
+        return model.model_dump_json()  # a subclass's own (its aliases, its override)
     except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
         raise ValueError(f"{name} is not JSON-serializable: {exc}") from None
 
