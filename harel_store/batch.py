@@ -42,9 +42,14 @@ class Batch:
     None); a remote batch cannot branch on a value, so it always runs it, to no effect.
     A step added with ``remote=True`` serves only a server's change notifications (a file's
     watch hears every commit): a local connection skips it.
+
+    A step given a *gate* (`gate`) lets a remote batch branch after all: the gate, sent right
+    after the step, is a statement that fails exactly when the step's result reaches 1, and
+    the steps ``only_if``/``unless`` that step at 1 then run on the server on their side of
+    it (the others still run, to no effect, as above). One gate a batch.
     """
 
-    __slots__ = ("conflict", "guards", "only_if", "remote", "steps")
+    __slots__ = ("conflict", "gated", "guards", "only_if", "remote", "steps")
 
     def __init__(self) -> None:
         self.steps: list[Statement] = []
@@ -53,6 +58,7 @@ class Batch:
         self.only_if: dict[int, tuple[int, int, bool]] = {}
         self.remote: set[int] = set()  # steps a local connection skips
         self.conflict: Statement | None = None
+        self.gated: tuple[int, Statement] | None = None  # (step, its gate): see `gate`
 
     def add(
         self,
@@ -82,6 +88,25 @@ class Batch:
             return False
         step, least, negate = condition
         return bool(results[step] < least) != negate
+
+    def gate(self, step: int, name: str) -> None:
+        """Give step ``step`` its gate for a remote batch: query ``name``, which fails exactly
+        when the step's result is 1 or more (see the class docstring)."""
+        if self.gated is not None:
+            raise ValueError("a batch has one gate")
+        self.gated = (step, statement(name))
+
+    def side(self, index: int) -> int | None:
+        """The side of the gate step ``index`` runs on in a remote batch: 0 while the gate
+        passes (``unless`` its step reached 1), 1 once it failed (``only_if`` it did), None
+        on both (not branched on the gated step at 1)."""
+        condition = self.only_if.get(index)
+        if self.gated is None or condition is None:
+            return None
+        step, least, negate = condition
+        if step != self.gated[0] or least != 1:
+            return None
+        return 0 if negate else 1
 
     def guard(self, name: str, *params: Any, rows: int | None = None) -> int:
         """Append a step that must change a row, or exactly ``rows`` rows (see the class

@@ -409,7 +409,9 @@ def _claims_batch() -> tuple[Batch, int, int]:
     """A batch for claims: its first step reads whether some key has settings (which of each
     claim's twin statements fits), and the token its flow-honouring claims write."""
     batch = Batch()
-    return batch, batch.add("flows_in_use"), secrets.randbits(62)
+    flows = batch.add("flows_in_use")
+    batch.gate(flows, "flows_gate")  # a server runs one of each claim's twins, as a file does
+    return batch, flows, secrets.randbits(62)
 
 
 def _end_claims(batch: Batch, flows: int, worker: str, kinds: Iterable[str]) -> None:

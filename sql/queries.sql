@@ -44,6 +44,11 @@ SELECT CASE WHEN changes() = 0 THEN json('harel-store: the guarded statement cha
 -- As guard_changed, for a statement that must change exactly ?1 rows.
 SELECT CASE WHEN changes() <> ?1 THEN json('harel-store: the guarded statement changed another number of rows') END;
 
+-- name: branch_end$
+-- A remote batch's step after the steps it runs on one side of a gate (flows_gate): run
+-- once the last step of the side taken has, so that what follows hangs on one step.
+SELECT 1;
+
 -- name: clock$
 -- row: now real
 -- The database's clock, epoch seconds: every time the store writes is on it.
@@ -1084,6 +1089,12 @@ SELECT
 -- row: flows int
 -- Whether some key has settings: which of a claim's two statements fits (see the claims).
 SELECT EXISTS (SELECT 1 FROM harel_flows);
+
+-- name: flows_gate$
+-- flows_in_use as a remote batch's gate: fails (json() of a text that is not JSON) when
+-- some key has settings, so that the server runs a claim's plain statements while it
+-- passed and the _flows ones once it failed, not both.
+SELECT CASE WHEN EXISTS (SELECT 1 FROM harel_flows) THEN json('harel-store: some flow key has settings') END;
 
 -- Flow control (0011): the settings of flow keys (harel_flows), which every claim honours
 -- (the claims above), and what each worker holds.

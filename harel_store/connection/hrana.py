@@ -3,9 +3,9 @@
 Every request is one ``POST /v3/pipeline`` on a new stream that it also closes, so no
 server-side state outlives it: a read is one statement; a write is one Hrana batch
 (``BEGIN IMMEDIATE``, the steps, each run only if the one before succeeded, a guard after
-each guarded step, ``COMMIT``, ``ROLLBACK`` if the ``COMMIT`` did not run, and the
-conflict read if a guard failed). The sync and the async client share the wire format;
-only the sending differs.
+each guarded step, a gate after a gated step with the steps on either side of it,
+``COMMIT``, ``ROLLBACK`` if the ``COMMIT`` did not run, and the conflict read if a guard
+failed). The sync and the async client share the wire format; only the sending differs.
 """
 
 from __future__ import annotations
@@ -114,6 +114,10 @@ def _failed(step: int) -> bytes:
     return b'{"type":"not","cond":{"type":"ok","step":%d}}' % step
 
 
+def _errored(step: int) -> bytes:
+    return b'{"type":"error","step":%d}' % step
+
+
 def _any(*conds: bytes) -> bytes:
     return b'{"type":"or","conds":[' + b",".join(conds) + b"]}"
 
@@ -140,13 +144,17 @@ class _Wire:
     __slots__ = (
         "commit",
         "conflict",
+        "gate",
+        "gates",
         "guards",
         "last",
         "members",
         "part",
         "positions",
+        "quiet",
         "request",
         "saved",
+        "sided",
         "start",
         "stmts",
         "stream",
@@ -171,6 +179,7 @@ class _Wire:
                 rows = request.guards[index]
                 guard = _json(_stmt(_GUARD if rows is None else statement("guard_rows", rows)))
             self.stmts.append((_json(_stmt(step)), guard))
+        self.gate = None if request.gated is None else _json(_stmt(request.gated[1]))
         self.part = self.alone()
 
     def alone(self) -> bytes:
@@ -178,6 +187,7 @@ class _Wire:
         steps = [_step(None, _BEGIN_JSON)]
         self.place(steps)
         self.members: frozenset[int] = frozenset()  # in a group: every member's own steps
+        self.quiet = frozenset(self.gates)  # the request's gates, whose failure is no error
         self.commit = len(steps)
         steps.append(_step(_ok(self.commit - 1), _COMMIT_JSON))
         steps.append(_step(_failed(self.commit), _ROLLBACK_JSON))
@@ -185,16 +195,44 @@ class _Wire:
         return b'{"type":"batch","batch":{"steps":[' + b",".join(steps) + b"]}}"
 
     def place(self, steps: list[bytes]) -> None:
-        """Append the batch's steps to ``steps``, each run if the step before succeeded."""
+        """Append the batch's steps to ``steps``, each run if the step before succeeded: the
+        one before on its side of the batch's gate, if it has one (`Batch.gate`); the gate
+        right after its step, and after the steps of either side one step (``branch_end``)
+        that runs once the side taken has ended."""
+        request = self.request
+        assert isinstance(request, Batch)
         self.start = len(steps)  # the first of them
         self.positions: list[int] = []
         self.guards: dict[int, int] = {}  # wire index of a guard -> the batch step it guards
+        self.gates: list[int] = []  # wire index of the gate
+        self.sided: set[int] = set()  # wire indexes of the steps run on one side only
+        gated = None if request.gated is None else request.gated[0]
+        # What a step on each side of the gate runs on (one condition before the gate).
+        sides = [_ok(len(steps) - 1)] * 2
+        branches: list[bytes] | None = None  # the gate passed, the gate failed
         for index, (stmt, guard) in enumerate(self.stmts):
-            steps.append(_step(_ok(len(steps) - 1), stmt))
+            side = request.side(index) if branches is not None else None
+            on = sides[0] if sides[0] == sides[1] else _any(*sides)
+            steps.append(_step(on if side is None else sides[side], stmt))
             self.positions.append(len(steps) - 1)
             if guard is not None:
                 steps.append(_step(_ok(len(steps) - 1), guard))
                 self.guards[len(steps) - 1] = index
+            done = _ok(len(steps) - 1)
+            if side is not None:
+                sides[side] = done
+                self.sided.add(self.positions[-1])
+            elif branches is None:
+                sides = [done] * 2
+            else:
+                sides = [_all(done, branches[0]), _all(done, branches[1])]
+            if index == gated and self.gate is not None:
+                steps.append(_step(done, self.gate))
+                self.gates.append(len(steps) - 1)
+                branches = [_ok(len(steps) - 1), _errored(len(steps) - 1)]
+                sides = list(branches)
+        if branches is not None:
+            steps.append(_step(_any(*sides), _BRANCH_END_JSON))
         self.last = len(steps) - 1
 
     def _conflict_read(self, steps: list[bytes]) -> None:
@@ -203,7 +241,7 @@ class _Wire:
         self.conflict: int | None = None
         if self.request.conflict is not None and self.guards:
             self.conflict = len(steps)
-            failed = _any(*(b'{"type":"error","step":%d}' % g for g in self.guards))
+            failed = _any(*(_errored(g) for g in self.guards))
             steps.append(_step(failed, _json(_stmt(self.request.conflict))))
 
     def decode(self, first: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
@@ -217,12 +255,27 @@ class _Wire:
         request, results, errors = self.request, result["step_results"], result["step_errors"]
         if results[self.commit] is not None and results[self.last] is not None:
             steps = zip(request.steps, self.positions, strict=True)
-            return [_result(step, results[p]) for step, p in steps], None
-        own = next((j for j in range(self.start, self.last + 1) if errors[j] is not None), None)
+            # A step of the side not taken has no result: None, as a file gives one it skips.
+            return [
+                None if p in self.sided and results[p] is None else _result(step, results[p])
+                for step, p in steps
+            ], None
+        own = next(
+            (
+                j
+                for j in range(self.start, self.last + 1)
+                if errors[j] is not None and j not in self.quiet
+            ),
+            None,
+        )
         if own is None:  # its steps did not fail: the transaction did, for all its members
             error = errors[self.commit]
             if error is None:  # BEGIN, or a member's rollback to its savepoint
-                error = next(e for j, e in enumerate(errors) if e and j not in self.members)
+                error = next(
+                    e
+                    for j, e in enumerate(errors)
+                    if e and j not in self.members and j not in self.quiet
+                )
             return None, _error(error)
         if own in self.guards:
             found = None
@@ -274,11 +327,13 @@ def _finish(group: list[_Pending], steps: list[bytes]) -> bytes:
     commit = len(steps)
     steps.append(_step(_ok(commit - 1), _COMMIT_JSON))
     steps.append(_step(_failed(commit), _ROLLBACK_JSON))
-    members = frozenset(
-        j for pending in group for j in range(pending.wire.start, pending.wire.last + 1)
+    quiet = frozenset(g for pending in group for g in pending.wire.gates)
+    members = (
+        frozenset(j for pending in group for j in range(pending.wire.start, pending.wire.last + 1))
+        - quiet
     )
     for pending in group:
-        pending.wire.commit, pending.wire.members = commit, members
+        pending.wire.commit, pending.wire.members, pending.wire.quiet = commit, members, quiet
     return b'{"type":"batch","batch":{"steps":[' + b",".join(steps) + b"]}}"
 
 
@@ -313,7 +368,15 @@ def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
-_BEGIN_JSON, _COMMIT_JSON, _ROLLBACK_JSON, _SAVEPOINT_JSON, _RELEASE_JSON, _ROLLBACK_TO_JSON = (
+(
+    _BEGIN_JSON,
+    _COMMIT_JSON,
+    _ROLLBACK_JSON,
+    _SAVEPOINT_JSON,
+    _RELEASE_JSON,
+    _ROLLBACK_TO_JSON,
+    _BRANCH_END_JSON,
+) = (
     _json(_stmt(statement(name)))
     for name in (
         "begin",
@@ -322,6 +385,7 @@ _BEGIN_JSON, _COMMIT_JSON, _ROLLBACK_JSON, _SAVEPOINT_JSON, _RELEASE_JSON, _ROLL
         "savepoint",
         "release_savepoint",
         "rollback_to_savepoint",
+        "branch_end",
     )
 )
 
