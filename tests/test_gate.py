@@ -127,11 +127,15 @@ def test_each_claim_call_on_a_server_goes_by_the_gate(remote: LibsqlStore) -> No
         time.sleep(0.05)  # the leases run out: claimed again on the next turn
 
 
-def test_a_gated_claim_fails_and_is_undone_alone_in_a_group(
-    proxy: Proxy, server: SqldServer, one_flight: None
+@pytest.mark.parametrize("order", ["claim first", "claim after"])
+def test_a_gated_claim_in_a_group_with_a_stale_commit(
+    proxy: Proxy, server: SqldServer, one_flight: None, order: str
 ) -> None:
-    """A claims batch in an optimistic group with a stale commit: the group is sent again
-    with savepoints, and the claim's gate (a failure on purpose) is no member's failure."""
+    """A claims batch in an optimistic group with a stale commit, before or after it: the
+    group is sent again with savepoints; the claim's gate (a failure on purpose) is no
+    member's failure, and a step that failed before it leaves both its sides unrun (a
+    skipped gate is not a failed one: sqld's "error" condition is true for both), so that
+    nothing of the first try commits. Checked with no flow set, then with one."""
 
     async def main() -> None:
         store = await AsyncLibsqlStore.create(proxy.url(), auth_token=server.token)
@@ -154,21 +158,26 @@ def test_a_gated_claim_fails_and_is_undone_alone_in_a_group(
                 )
                 await asyncio.to_thread(wait_until, lambda: proxy.in_flight == 1, "first sent")
                 sent = proxy.requests
-                results = await asyncio.gather(
+                calls = [
                     store.claim_outbox("w"),
                     store.commit(stale, []),
                     store.commit(Execution(id=f"n{flows}", definition_id="d"), []),
-                    return_exceptions=True,
-                )
+                ]
+                if order == "claim after":  # the claim behind the member that fails
+                    calls[0], calls[1] = calls[1], calls[0]
+                results = await asyncio.gather(*calls, return_exceptions=True)
                 await first
                 proxy.delay = 0
                 assert proxy.requests - sent == 2  # optimistic, then with savepoints
+                if order == "claim after":
+                    results[0], results[1] = results[1], results[0]
                 claimed, conflict, made = results
                 assert not isinstance(claimed, BaseException), claimed
                 assert [e.target_id for e in claimed] == [f"a{flows}"]
                 assert isinstance(conflict, StoreConflict)
                 assert made == []
                 assert await store.load(f"n{flows}") is not None
+                assert (await store.load(f"t{flows}")).version == 2  # type: ignore[union-attr]
         finally:
             await store.close()
 

@@ -229,7 +229,9 @@ class _Wire:
             if index == gated and self.gate is not None:
                 steps.append(_step(done, self.gate))
                 self.gates.append(len(steps) - 1)
-                branches = [_ok(len(steps) - 1), _errored(len(steps) - 1)]
+                # Failed once it ran, not "error": sqld takes a step never run for one that
+                # failed, and the side after a gate skipped (an earlier step failed) would run.
+                branches = [_ok(len(steps) - 1), _all(done, _failed(len(steps) - 1))]
                 sides = list(branches)
         if branches is not None:
             steps.append(_step(_any(*sides), _BRANCH_END_JSON))
