@@ -383,7 +383,8 @@ _CLAIMS: dict[DeadKind, tuple[tuple[str, str], Any, Any]] = {
 
 # A claim's steps: its dead letters' sweep (None: no max_attempts) and its claim, each as two
 # statements (the plain one, and the _flows one that honours the flows), of which a local
-# connection runs the one that fits (see queries.sql): (plain, honouring) step pairs.
+# connection runs the one that fits (see queries.sql), and a server the one on its side of
+# the batch's gate (`Batch.gate`): (plain, honouring) step pairs.
 ClaimSteps = tuple[tuple[int, int] | None, tuple[int, int]]
 
 
