@@ -94,6 +94,8 @@ class Batch:
         when the step's result is 1 or more (see the class docstring)."""
         if self.gated is not None:
             raise ValueError("a batch has one gate")
+        if not 0 <= step < len(self.steps):
+            raise ValueError(f"no step {step} to gate: the batch has {len(self.steps)}")
         self.gated = (step, statement(name))
 
     def side(self, index: int) -> int | None:

@@ -535,7 +535,8 @@ SELECT seq, target_id, event FROM harel_outbox WHERE seq > 0 ORDER BY seq LIMIT 
 -- one while no key has settings (NOT EXISTS harel_flows: one probe), the *_flows one
 -- otherwise, which honours the settings. A local connection reads flows_in_use first and
 -- runs only the one that fits (the _flows ones cost more to compile); a remote batch runs
--- both, and the one that does not fit changes nothing. Both sit in the claim's one
+-- the one on its side of flows_gate (which fails while some key has settings), and either
+-- one that ran when it does not fit would change nothing. Both sit in the claim's one
 -- transaction, so every worker and process sees a change of settings at its next claim.
 --
 -- With a max_attempts, the claim's batch first runs mark_dead_*: of the first ?2 rows a

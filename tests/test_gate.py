@@ -213,3 +213,13 @@ def test_a_local_store_ignores_the_gate(tmp_path: Any) -> None:
         assert [e.target_id for e in store.claim_work("w", time.time()).outbox] == ["a"]
     finally:
         store.close()
+
+
+def test_a_gate_needs_a_step_of_its_batch_and_is_one() -> None:
+    batch = Batch()
+    with pytest.raises(ValueError, match="no step 0"):
+        batch.gate(0, "flows_gate")
+    step = batch.add("flows_in_use")
+    batch.gate(step, "flows_gate")
+    with pytest.raises(ValueError, match="one gate"):
+        batch.gate(step, "flows_gate")

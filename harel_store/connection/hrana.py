@@ -114,10 +114,6 @@ def _failed(step: int) -> bytes:
     return b'{"type":"not","cond":{"type":"ok","step":%d}}' % step
 
 
-def _errored(step: int) -> bytes:
-    return b'{"type":"error","step":%d}' % step
-
-
 def _any(*conds: bytes) -> bytes:
     return b'{"type":"or","conds":[' + b",".join(conds) + b"]}"
 
@@ -243,7 +239,9 @@ class _Wire:
         self.conflict: int | None = None
         if self.request.conflict is not None and self.guards:
             self.conflict = len(steps)
-            failed = _any(*(_errored(g) for g in self.guards))
+            # A guard that ran (its step succeeded) and failed: sqld's "error" condition holds
+            # for a guard never run too (an earlier step failed, or on a gate's other side).
+            failed = _any(*(_all(_ok(g - 1), _failed(g)) for g in self.guards))
             steps.append(_step(failed, _json(_stmt(self.request.conflict))))
 
     def decode(self, first: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
