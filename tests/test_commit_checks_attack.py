@@ -25,19 +25,14 @@ from harel_store import (
     Event,
     Execution,
     LibsqlStore,
-    SqliteStore,
     StoreConflict,
     TimerOp,
 )
 from harel_store.batch import Batch, Conflicted
 from harel_store.checks import check_id, check_json
+from tests import test_commit_checks
 
-
-@pytest.fixture(params=["libsql", "sqlite"])
-def store(request: pytest.FixtureRequest) -> Iterator[Any]:
-    opened = (LibsqlStore if request.param == "libsql" else SqliteStore)(":memory:")
-    yield opened
-    opened.close()
+store = test_commit_checks.store  # an in-memory store of each driver, a test
 
 
 def stored_data(store: Any, execution_id: str) -> dict[str, Any]:

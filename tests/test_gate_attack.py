@@ -24,19 +24,15 @@ from harel_store import Event, Execution, LibsqlStore, StoreConflict, StoreError
 from harel_store.batch import Batch, Conflicted, Plan
 from harel_store.connection import hrana
 from harel_store.connection.hrana import HranaConnection, _Pending, _Wire
-from harel_store.sql import QUERIES, Query
+from harel_store.sql import Query
+from tests import test_gate
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
 
-NAMES = {query.sql: name for name, query in QUERIES.items() if name != "ping"}  # SELECT 1
-TWINS = {n for n in QUERIES if n.endswith("_flows")} | {
-    "log_flow_claims_outbox",
-    "log_flow_claims_spawns",
-    "log_flow_claims_timers",
-    "prune_flow_claims",
-}
-PLAIN = {n.removesuffix("_flows") for n in QUERIES if n.endswith("_flows")}
+remote = test_gate.remote  # a store on the session's sqld, a test
+
+NAMES, TWINS, PLAIN = test_gate.NAMES, test_gate.TWINS, test_gate.PLAIN
 BOOM = (
     "CREATE TRIGGER boom BEFORE UPDATE OF claimed_by ON harel_outbox "
     "WHEN NEW.claimed_by = 'boom' BEGIN SELECT RAISE(ABORT, 'boom: the claim fails'); END"
@@ -135,16 +131,20 @@ def ran(names: list[str], first: dict[str, Any]) -> list[str]:
     return [name for name, r, e in pairs if r is not None or e is not None]
 
 
-@pytest.fixture
-def remote(server: SqldServer) -> Iterator[LibsqlStore]:
-    store = LibsqlStore(server.url, auth_token=server.token)
-    yield store
-    store.close()
-
-
 def emit_to(store: LibsqlStore, *targets: str) -> None:
     for target in targets:
         store.commit(Execution(id=f"e-{target}", definition_id="d"), [(target, Event(name="go"))])
+
+
+def one_by_one(store: LibsqlStore, plans: list[Any]) -> list[Any]:
+    """Each plan run on ``store`` in turn: its result, or the exception it raised."""
+    outcomes: list[Any] = []
+    for plan in plans:
+        try:
+            outcomes.append(store._run(plan))
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 def holders(store: LibsqlStore) -> dict[str, tuple[str | None, int]]:
@@ -283,12 +283,7 @@ def test_a_flow_change_earlier_in_the_group_is_what_the_claim_honours(
             stale = stale_copy(store, "t")
             plans = flows_plans(store, stale, how)
             if store is local:
-                outcomes = []
-                for plan in plans:
-                    try:
-                        outcomes.append(local._run(plan))
-                    except Exception as exc:
-                        outcomes.append(exc)
+                outcomes = one_by_one(local, plans)
             else:
                 with wire_log(remote) as sent:
                     outcomes = as_group(remote, plans)
@@ -569,12 +564,7 @@ def test_claim_work_of_every_kind_in_a_replayed_group_as_on_a_file(
                 raw(refused_flow("x")),
             ]
             if store is local:
-                outcomes = []
-                for plan in plans:
-                    try:
-                        outcomes.append(local._run(plan))
-                    except Exception as exc:
-                        outcomes.append(exc)
+                outcomes = one_by_one(local, plans)
             else:
                 with wire_log(remote) as sent:
                     outcomes = as_group(remote, plans)
