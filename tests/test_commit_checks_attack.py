@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -376,7 +377,7 @@ def _nested(depth: int) -> Any:
 @pytest.mark.parametrize("where", ["context", "spawn", "trace", "payload"])
 def test_deep_nesting_is_a_value_error_not_a_recursion_error(store: Any, where: str) -> None:
     exe = Execution(id="e", definition_id="d")
-    deep = _nested(5000)
+    deep = _nested(sys.getrecursionlimit() + 100)  # past the limit, whatever it is here
     kwargs: dict[str, Any] = {}
     emits: list[Any] = []
     if where == "context":

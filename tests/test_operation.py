@@ -4,6 +4,7 @@ its signature, and a type checker sees the parameters and result of each."""
 from __future__ import annotations
 
 import inspect
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,15 +95,21 @@ def snippet(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_a_type_checker_sees_each_faces_real_signature_and_result(snippet: Path) -> None:
-    out, err, _ = mypy_api.run(
-        [
-            "--strict",
-            "--no-incremental",
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            str(snippet),
-        ]
-    )
+    # mypy in process raises the interpreter's recursion limit to 2**14 and leaves it there,
+    # which changed what every later test in this worker could nest.
+    limit = sys.getrecursionlimit()
+    try:
+        out, err, _ = mypy_api.run(
+            [
+                "--strict",
+                "--no-incremental",
+                "--config-file",
+                str(ROOT / "pyproject.toml"),
+                str(snippet),
+            ]
+        )
+    finally:
+        sys.setrecursionlimit(limit)
     assert err == ""
     lines = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(str(snippet))]
     assert lines == [
