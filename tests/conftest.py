@@ -83,7 +83,12 @@ def sqld(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     """One real sqld (token auth on) on 127.0.0.1 for the session; its log is kept on failure."""
     from tests.sqld import SqldServer
 
-    server = SqldServer(tmp_path_factory.mktemp("sqld"), auth=True)
+    # A new replica's first sync pulls the server's whole replication log, which sqld
+    # compacts only at --max-log-size (200 MB by default): late in a session every replica a
+    # test opened pulled up to 200 MB of the tests before it (30 s and more, CI red).
+    server = SqldServer(
+        tmp_path_factory.mktemp("sqld"), auth=True, extra_args=["--max-log-size", "8"]
+    )
     server.start()
     LibsqlStore(server.url, auth_token=server.token, migrate=True).close()
     yield server
