@@ -539,6 +539,15 @@ def test_ten_idle_pages_cost_no_cpu(tmp_path: Path, serve: Any) -> None:
             page = socket.create_connection(("127.0.0.1", port_of(console.url)))
             page.sendall(b"GET /live?since=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             pages.append(page)
+        # Each page told its first change (since=0): its stream and the console's watch are
+        # up, not still starting when the CPU is measured (a loaded machine took over 1 s).
+        for page in pages:
+            page.settimeout(60)
+            got = b""
+            while b"event: change" not in got:
+                chunk = page.recv(4096)
+                assert chunk, got
+                got += chunk
         time.sleep(1.0)
 
         def cpu() -> float:
