@@ -96,6 +96,11 @@ def check_delay(value: object, name: str) -> float:
 
 
 MAX_ERROR = 2000  # characters of a worker's error text a row keeps
+# The deepest a JSON document nests (its own dict the first level): as deep as pydantic reads
+# back an execution's context or an event's payload (its JSON parser stops at 200 levels, the
+# record's own the first), so that no document commits that a load then calls corrupt, and
+# no spawn's context (a child's to be) or trace step is one those could not hold.
+MAX_DEPTH = 199
 
 
 def error_text(value: object) -> str:
@@ -126,16 +131,20 @@ def check_json(value: object, name: str) -> None:
     ints, finite floats, bools and None; no string with a lone surrogate (UTF-8 has none).
     """
     try:
-        _check_json(value)
+        _check_json(value, 1)
     except RecursionError:
-        raise ValueError(f"{name} is nested too deeply to store as JSON") from None
+        raise ValueError(
+            f"{name} is nested too deeply to store as JSON (at most {MAX_DEPTH} levels)"
+        ) from None
     except ValueError as exc:
         raise ValueError(f"{name} is not JSON the store can give back as given: {exc}") from None
 
 
-def _check_json(value: object) -> None:
+def _check_json(value: object, depth: int) -> None:
     # Scalars are checked inline, by exact type first: this runs on every document of every
     # commit, and a call per value would cost more than the rest of the check.
+    if depth > MAX_DEPTH and isinstance(value, (dict, list, tuple)):
+        raise RecursionError  # check_json's "nested too deeply"
     if isinstance(value, dict):
         if type(value) is not dict:  # a subclass: as its items() says, as JSON encodes it
             value = dict(value.items())
@@ -166,7 +175,7 @@ def _check_json(value: object) -> None:
             if not math.isfinite(item):
                 raise ValueError(f"{item!r} is not a JSON number")
         elif kind is not int and kind is not bool and item is not None:
-            _check_json(item)
+            _check_json(item, depth + 1)
 
 
 def dumps(value: object, name: str) -> str:

@@ -30,7 +30,7 @@ from harel_store import (
     TimerOp,
 )
 from harel_store.batch import Batch, Conflicted
-from harel_store.checks import check_id, check_json
+from harel_store.checks import MAX_DEPTH, check_id, check_json
 from tests import test_commit_checks
 
 store = test_commit_checks.store  # an in-memory store of each driver, a test
@@ -388,9 +388,56 @@ def test_deep_nesting_is_a_value_error_not_a_recursion_error(store: Any, where: 
         kwargs["trace"] = {"v": deep}
     else:
         emits = [(None, Event(name="n", payload={"v": deep}))]
-    with pytest.raises(ValueError, match=r"nested too deeply|not JSON-serializable"):
+    with pytest.raises(ValueError, match=r"nested too deeply"):
         store.commit(exe, emits, **kwargs)
     assert exe.version == 0 and store.load("e") is None
+
+
+def _document(levels: int) -> dict[str, Any]:
+    """A document nested ``levels`` deep, its own dict the first."""
+    return {"v": _nested(levels - 1)} if levels > 1 else {}
+
+
+@pytest.mark.parametrize("where", ["context", "spawn", "trace", "payload"])
+def test_every_document_nests_as_deep_as_a_context_can_and_no_deeper(
+    store: Any, where: str
+) -> None:
+    """One bound for every document, the one pydantic's JSON parser sets for a context or a
+    payload: a context nested past it committed and its load was then a CorruptRecord; a
+    spawn's context (or a trace step) nested past pydantic's serializer committed, and its
+    child could never be committed (found by review)."""
+    for levels, ok in ((MAX_DEPTH, True), (MAX_DEPTH + 1, False)):
+        exe = Execution(id=f"e{levels}", definition_id="d")
+        doc = _document(levels)
+        kwargs: dict[str, Any] = {}
+        emits: list[Any] = []
+        if where == "context":
+            exe.context = doc
+        elif where == "spawn":
+            kwargs["spawns"] = [(f"c{levels}", "main", doc)]
+        elif where == "trace":
+            kwargs["trace"] = doc
+        else:
+            emits = [(None, Event(name="n", payload=doc))]
+        if not ok:
+            with pytest.raises(ValueError, match=rf"nested too deeply .*at most {MAX_DEPTH}"):
+                store.commit(exe, emits, **kwargs)
+            assert exe.version == 0 and store.load(exe.id) is None
+            continue
+        store.commit(exe, emits, **kwargs)
+        if where == "spawn":  # the child it asks for can be written
+            (spawn,) = store.pending_spawns()
+            assert spawn.context == doc
+            store.commit(
+                Execution(id=spawn.child_id, definition_id="main", context=spawn.context), []
+            )
+            assert store.load(spawn.child_id).context == doc
+        elif where == "context":
+            assert store.load(exe.id).context == doc
+        elif where == "payload":
+            assert [e.event.payload for e in store.pending_outbox()] == [doc]
+        else:
+            assert [step["v"] for step in store.read_trace(exe.id)] == [doc["v"]]
 
 
 def test_guards_conditions_and_remote_steps_run_as_before(store: Any) -> None:
