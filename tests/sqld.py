@@ -413,7 +413,7 @@ class SqldServer:
         self._log.write(f"\n=== harel tests: starting {' '.join(args)}\n".encode())
         self._log.flush()
         env = dict(os.environ)
-        env.setdefault("RUST_LOG", "info")
+        env["RUST_LOG"] = "info"  # not what a CLI run in a test process left (it sets off)
         self._proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

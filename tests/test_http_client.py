@@ -965,6 +965,7 @@ def test_the_cli_shows_no_proxy_credentials(
     proxy_env.setenv("HTTP_PROXY", f"http://admin:{given}@127.0.0.1:{port}")
     proxy_env.delenv("HAREL_AUTH_TOKEN", raising=False)
     proxy_env.delenv("TURSO_AUTH_TOKEN", raising=False)
+    proxy_env.setenv("RUST_LOG", "off")  # what main() sets: undone after the test
     assert main(["--url", "http://db.example.invalid:8080", "status"]) == 1
     err = capsys.readouterr().err
     assert f"connection refused (the proxy http://127.0.0.1:{port})" in err, err

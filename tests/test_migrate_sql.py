@@ -244,9 +244,10 @@ def test_a_revision_this_version_does_not_know_is_one_line(tmp_path: Path) -> No
 
 
 def test_sql_beside_a_store_of_either_library_in_the_same_process(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The revision is read through the library this process has the file open with."""
+    monkeypatch.setenv("RUST_LOG", "off")  # what main() sets: undone after the test
     for opener, name in ((SqliteStore, "s.db"), (LibsqlStore, "l.db")):
         path = tmp_path / name
         with opener(path) as store:  # a store migrates a local file to head on open
