@@ -90,11 +90,13 @@ def test_a_handler_that_outlives_its_lease_keeps_it(running: Any) -> None:
     stolen: list[OutboxEntry] = []
 
     def slow(entry: OutboxEntry) -> None:
-        time.sleep(1.0)  # three leases of 0.3 s: renewed meanwhile, never handed out
+        # Two leases of 1 s: renewed meanwhile (every third of one), never handed out. A
+        # lease of 0.3 s lapsed on a loaded machine, where a replica's renewal took longer.
+        time.sleep(2.0)
         stolen.extend(store.claim_outbox("w2"))
         handled.append(entry)
 
-    start(on_outbox=slow, lease=0.3, poll=30.0)
+    start(on_outbox=slow, lease=1.0, poll=30.0)
     until(lambda: len(handled) == 3, "the slow handler finished every entry")
     until(lambda: store.pending_outbox() == [], "every entry acked")
     assert stolen == []
