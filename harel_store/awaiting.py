@@ -123,6 +123,9 @@ class Awaits:
         self._where = where
         self._lock = threading.Lock()
         self._calls: dict[str, dict[Call, None]] = {}  # by execution, in the order they came
+        # By execution, the statuses its calls wait for (kept as they come and go: a read
+        # asks for them of every execution waited for, 4 reads an order in an engine).
+        self._wanting: dict[str, frozenset[str]] = {}
         self._statuses: collections.Counter[str] = collections.Counter()  # of every call
         self._thread: threading.Thread | None = None
         self._signals: Waiter | None = None  # the reader's, while it runs
@@ -148,6 +151,9 @@ class Awaits:
                     ) from exc
                 self._thread = thread
             self._calls.setdefault(call.execution_id, {})[call] = None
+            self._wanting[call.execution_id] = (
+                self._wanting.get(call.execution_id, frozenset()) | call.statuses
+            )
             self._statuses.update(call.statuses)
             self._new.add(call.execution_id)
             signals = self._signals
@@ -160,8 +166,12 @@ class Awaits:
             if calls is None or call not in calls:
                 return
             del calls[call]
-            if not calls:
-                del self._calls[call.execution_id]
+            if calls:
+                self._wanting[call.execution_id] = frozenset().union(
+                    *(other.statuses for other in calls)
+                )
+            else:
+                del self._calls[call.execution_id], self._wanting[call.execution_id]
             self._statuses.subtract(call.statuses)
             self._statuses += collections.Counter()  # drops the statuses no call waits for
 
@@ -186,12 +196,8 @@ class Awaits:
 
     def _wanted(self, ids: Iterable[str]) -> dict[str, frozenset[str]]:
         """Under ``_lock``: the statuses wanted of the executions ``ids`` waited for."""
-        wanted: dict[str, frozenset[str]] = {}
-        for execution_id in ids:
-            calls = self._calls.get(execution_id)
-            if calls:
-                wanted[execution_id] = frozenset().union(*(call.statuses for call in calls))
-        return wanted
+        wanting = self._wanting
+        return {i: wanting[i] for i in ids if i in wanting}
 
     def _source(self) -> Source:
         store = self._store()
@@ -210,14 +216,14 @@ class Awaits:
             few = len(self._calls) <= BY_ID  # each by id: cheaper than what changed
             if few:
                 self._new = set()
-                look = self._wanted(self._calls)
+                look = dict(self._wanting)
         if few:
             return None, store._awaited(look) if look else {}
         now, changed = store._awaited_changes(statuses, _NEVER if since is None else since)
         with self._lock:
             new, self._new = self._new, set()
             if since is None:
-                look = self._wanted(self._calls)
+                look = dict(self._wanting)
             else:
                 status_of = dict(changed)
                 look = {
@@ -324,7 +330,7 @@ class Awaits:
     def _end_all(self, error: StoreError) -> None:
         with self._lock:
             calls = [call for by_id in self._calls.values() for call in by_id]
-            self._calls, self._new = {}, set()
+            self._calls, self._wanting, self._new = {}, {}, set()
             self._statuses.clear()
         for call in calls:
             call.resolve(None, error)
@@ -337,7 +343,7 @@ def _forked() -> None:
     """In a forked child: the readers' threads did not come along, nor the callers'."""
     for awaits in list(_all):
         awaits._lock = threading.Lock()
-        awaits._calls, awaits._new = {}, set()
+        awaits._calls, awaits._wanting, awaits._new = {}, {}, set()
         awaits._statuses.clear()
         awaits._thread = awaits._signals = None
 

@@ -211,3 +211,37 @@ def test_waits_for_one_execution_each_get_their_own_copy(store: Any) -> None:
     assert len(results) == len(threads)
     assert len({id(exe) for exe in results}) == len(results)
     assert all(exe.status in FINAL for exe in results)
+
+
+def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path: Path) -> None:
+    """What the reader asks of an execution is what the calls waiting on it now want: a
+    call that leaves (its timeout) takes its statuses along, those that stay keep theirs."""
+    store = LibsqlStore(tmp_path / "w.db")
+    store.save(Execution(id="a", definition_id="d"))
+    results: dict[str, str] = {}
+
+    def wait(name: str, status: Any, timeout: float) -> None:
+        try:
+            results[name] = store.wait_for("a", status=status, timeout=timeout).status
+        except TimeoutError:
+            results[name] = "timeout"
+
+    waits = [("short", "failed", 0.5), ("long", ["finished", "cancelled"], 20)]
+    waits.append(("other", "finished", 20))
+    threads = [threading.Thread(target=wait, args=args) for args in waits]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    assert store._awaits._wanting == {"a": frozenset({"failed", "finished", "cancelled"})}
+    threads[0].join(10)
+    assert results == {"short": "timeout"}
+    assert store._awaits._wanting == {"a": frozenset({"finished", "cancelled"})}
+    finish(store, "a", "failed")  # what only the call gone waited for: nobody wakes
+    time.sleep(0.3)
+    assert results == {"short": "timeout"}
+    finish(store, "a", "finished")
+    for thread in threads:
+        thread.join(20)
+    assert results == {"short": "timeout", "long": "finished", "other": "finished"}
+    assert store._awaits._wanting == {}
+    store.close()
