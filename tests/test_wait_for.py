@@ -226,12 +226,17 @@ def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path
         except TimeoutError:
             results[name] = "timeout"
 
-    waits = [("short", "failed", 0.5), ("long", ["finished", "cancelled"], 20)]
-    waits.append(("other", "finished", 20))
-    threads = [threading.Thread(target=wait, args=args) for args in waits]
-    for thread in threads:
+    def started(name: str, status: Any, timeout: float, wanting: set[str]) -> threading.Thread:
+        thread = threading.Thread(target=wait, args=(name, status, timeout))
         thread.start()
-    time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while store._awaits._wanting.get("a") != wanting and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the call waits
+        return thread
+
+    threads = [started("long", ["finished", "cancelled"], 20, {"finished", "cancelled"})]
+    threads.append(started("other", "finished", 20, {"finished", "cancelled"}))
+    threads.insert(0, started("short", "failed", 1, {"failed", "finished", "cancelled"}))
     assert store._awaits._wanting == {"a": frozenset({"failed", "finished", "cancelled"})}
     threads[0].join(10)
     assert results == {"short": "timeout"}
