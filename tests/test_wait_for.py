@@ -226,17 +226,18 @@ def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path
         except TimeoutError:
             results[name] = "timeout"
 
-    def started(name: str, status: Any, timeout: float, wanting: set[str]) -> threading.Thread:
+    def started(name: str, status: Any, timeout: float, waiting: int) -> threading.Thread:
         thread = threading.Thread(target=wait, args=(name, status, timeout))
         thread.start()
         deadline = time.monotonic() + 10
-        while store._awaits._wanting.get("a") != wanting and time.monotonic() < deadline:
+        while len(store._awaits._calls.get("a", ())) < waiting and time.monotonic() < deadline:
             time.sleep(0.01)  # until the call waits
+        assert len(store._awaits._calls.get("a", ())) == waiting, f"{name} did not wait"
         return thread
 
-    threads = [started("long", ["finished", "cancelled"], 20, {"finished", "cancelled"})]
-    threads.append(started("other", "finished", 20, {"finished", "cancelled"}))
-    threads.insert(0, started("short", "failed", 1, {"failed", "finished", "cancelled"}))
+    threads = [started("long", ["finished", "cancelled"], 20, 1)]
+    threads.append(started("other", "finished", 20, 2))
+    threads.insert(0, started("short", "failed", 3, 3))  # 3 s: its thread may start late
     assert store._awaits._wanting == {"a": frozenset({"failed", "finished", "cancelled"})}
     threads[0].join(10)
     assert results == {"short": "timeout"}
@@ -250,3 +251,39 @@ def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path
     assert results == {"short": "timeout", "long": "finished", "other": "finished"}
     assert store._awaits._wanting == {}
     store.close()
+
+
+def test_the_statuses_wanted_are_those_of_the_calls_waiting_whatever_the_order() -> None:
+    """`Awaits`' books, calls coming and going in any order, several on one execution with
+    statuses in common: after each step, each execution is asked for exactly the statuses
+    of its calls still waiting (no more: a read in vain; no fewer: a wake-up missed)."""
+    import random
+
+    from harel_store.awaiting import Awaits, Call
+
+    class NoStore:  # never read: no reader runs
+        pass
+
+    awaits = Awaits(NoStore(), "books")  # type: ignore[arg-type]
+    awaits._thread = threading.current_thread()  # as if a reader ran: add() starts none
+    rng = random.Random(7)
+    statuses = [frozenset(s) for s in ({"finished"}, {"failed", "cancelled"}, set(FINAL))]
+    waiting: list[Call] = []
+    for _ in range(3_000):
+        if waiting and rng.random() < 0.5:
+            call = waiting.pop(rng.randrange(len(waiting)))
+            awaits.remove(call)
+            awaits.remove(call)  # a second time: nothing (the caller's finally after a resolve)
+        else:
+            call = Call(rng.choice("abc"), rng.choice(statuses))
+            waiting.append(call)
+            awaits.add(call)
+        expected: dict[str, frozenset[str]] = {}
+        for call in waiting:
+            expected[call.execution_id] = expected.get(call.execution_id, frozenset()) | (
+                call.statuses
+            )
+        assert awaits._wanting == expected
+    for call in waiting:
+        awaits.remove(call)
+    assert awaits._wanting == {} and awaits._calls == {} and awaits._counts == {}
