@@ -123,11 +123,9 @@ class Awaits:
         self._where = where
         self._lock = threading.Lock()
         self._calls: dict[str, dict[Call, None]] = {}  # by execution, in the order they came
-        # By execution, the statuses its calls wait for (kept as they come and go: a read
-        # asks for them of every execution waited for, 4 reads an order in an engine), and
-        # how many of its calls wait for each (a call leaves in a few steps, however many
-        # others wait on that execution).
-        self._wanting: dict[str, frozenset[str]] = {}
+        # By execution, how many of its calls wait for each status (kept as calls come and
+        # go: a read asks for the statuses of every execution waited for, 4 reads an order
+        # in an engine, and a call leaves in a few steps however many others wait there).
         self._counts: dict[str, collections.Counter[str]] = {}
         self._statuses: collections.Counter[str] = collections.Counter()  # of every call
         self._thread: threading.Thread | None = None
@@ -153,11 +151,8 @@ class Awaits:
                         f"cannot wait for {call.execution_id!r} on {self._where}: {exc}"
                     ) from exc
                 self._thread = thread
-            execution_id = call.execution_id
-            wanting = self._wanting.get(execution_id, frozenset()) | call.statuses  # first
-            self._calls.setdefault(execution_id, {})[call] = None
-            self._counts.setdefault(execution_id, collections.Counter()).update(call.statuses)
-            self._wanting[execution_id] = wanting
+            self._counts.setdefault(call.execution_id, collections.Counter()).update(call.statuses)
+            self._calls.setdefault(call.execution_id, {})[call] = None
             self._statuses.update(call.statuses)
             self._new.add(call.execution_id)
             signals = self._signals
@@ -170,17 +165,14 @@ class Awaits:
             if calls is None or call not in calls:
                 return
             del calls[call]
-            execution_id = call.execution_id
             if not calls:
-                del self._calls[execution_id], self._wanting[execution_id]
-                del self._counts[execution_id]
+                del self._calls[call.execution_id], self._counts[call.execution_id]
             else:
-                counts = self._counts[execution_id]
+                counts = self._counts[call.execution_id]
                 counts.subtract(call.statuses)
-                if gone := [status for status in call.statuses if counts[status] <= 0]:
-                    for status in gone:  # no call of this execution waits for it any more
+                for status in call.statuses:
+                    if counts[status] <= 0:  # no call of this execution waits for it any more
                         del counts[status]
-                    self._wanting[execution_id] = frozenset(counts)
             self._statuses.subtract(call.statuses)
             self._statuses += collections.Counter()  # drops the statuses no call waits for
 
@@ -205,8 +197,8 @@ class Awaits:
 
     def _wanted(self, ids: Iterable[str]) -> dict[str, frozenset[str]]:
         """Under ``_lock``: the statuses wanted of the executions ``ids`` waited for."""
-        wanting = self._wanting
-        return {i: wanting[i] for i in ids if i in wanting}
+        counts = self._counts
+        return {i: frozenset(counts[i]) for i in ids if i in counts}
 
     def _source(self) -> Source:
         store = self._store()
@@ -225,14 +217,14 @@ class Awaits:
             few = len(self._calls) <= BY_ID  # each by id: cheaper than what changed
             if few:
                 self._new = set()
-                look = dict(self._wanting)
+                look = self._wanted(self._counts)
         if few:
             return None, store._awaited(look) if look else {}
         now, changed = store._awaited_changes(statuses, _NEVER if since is None else since)
         with self._lock:
             new, self._new = self._new, set()
             if since is None:
-                look = dict(self._wanting)
+                look = self._wanted(self._counts)
             else:
                 status_of = dict(changed)
                 look = {
@@ -339,7 +331,7 @@ class Awaits:
     def _end_all(self, error: StoreError) -> None:
         with self._lock:
             calls = [call for by_id in self._calls.values() for call in by_id]
-            self._calls, self._wanting, self._counts, self._new = {}, {}, {}, set()
+            self._calls, self._counts, self._new = {}, {}, set()
             self._statuses.clear()
         for call in calls:
             call.resolve(None, error)
@@ -352,7 +344,7 @@ def _forked() -> None:
     """In a forked child: the readers' threads did not come along, nor the callers'."""
     for awaits in list(_all):
         awaits._lock = threading.Lock()
-        awaits._calls, awaits._wanting, awaits._counts, awaits._new = {}, {}, {}, set()
+        awaits._calls, awaits._counts, awaits._new = {}, {}, set()
         awaits._statuses.clear()
         awaits._thread = awaits._signals = None
 

@@ -213,6 +213,12 @@ def test_waits_for_one_execution_each_get_their_own_copy(store: Any) -> None:
     assert all(exe.status in FINAL for exe in results)
 
 
+def wanted(store: Any) -> dict[str, frozenset[str]]:
+    """The statuses the store's reader asks for, by execution waited for."""
+    with store._awaits._lock:
+        return store._awaits._wanted(store._awaits._calls)
+
+
 def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path: Path) -> None:
     """What the reader asks of an execution is what the calls waiting on it now want: a
     call that leaves (its timeout) takes its statuses along, those that stay keep theirs."""
@@ -238,10 +244,10 @@ def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path
     threads = [started("long", ["finished", "cancelled"], 20, 1)]
     threads.append(started("other", "finished", 20, 2))
     threads.insert(0, started("short", "failed", 3, 3))  # 3 s: its thread may start late
-    assert store._awaits._wanting == {"a": frozenset({"failed", "finished", "cancelled"})}
+    assert wanted(store) == {"a": frozenset({"failed", "finished", "cancelled"})}
     threads[0].join(10)
     assert results == {"short": "timeout"}
-    assert store._awaits._wanting == {"a": frozenset({"finished", "cancelled"})}
+    assert wanted(store) == {"a": frozenset({"finished", "cancelled"})}
     finish(store, "a", "failed")  # what only the call gone waited for: nobody wakes
     time.sleep(0.3)
     assert results == {"short": "timeout"}
@@ -249,7 +255,7 @@ def test_an_execution_is_read_for_the_statuses_its_calls_still_wait_for(tmp_path
     for thread in threads:
         thread.join(20)
     assert results == {"short": "timeout", "long": "finished", "other": "finished"}
-    assert store._awaits._wanting == {}
+    assert wanted(store) == {}
     store.close()
 
 
@@ -283,7 +289,7 @@ def test_the_statuses_wanted_are_those_of_the_calls_waiting_whatever_the_order()
             expected[call.execution_id] = expected.get(call.execution_id, frozenset()) | (
                 call.statuses
             )
-        assert awaits._wanting == expected
+        assert awaits._wanted(awaits._calls) == expected
     for call in waiting:
         awaits.remove(call)
-    assert awaits._wanting == {} and awaits._calls == {} and awaits._counts == {}
+    assert awaits._calls == {} and awaits._counts == {}
