@@ -163,20 +163,29 @@ TIMEOUT = 30.0  # how long a run against a server may take, as a whole, unless t
 # In a run's child process: the pid of the process that bounds it (`bounded_elsewhere`).
 PARENT = "HAREL_MIGRATE_PARENT"
 
-# The first lines of every child's program: the current directory off its sys.path, where
-# ``python -c`` puts it first (as ''), so that a folder holding a ``harel_store`` or an
+# The first lines of every child's program. The current directory goes off its sys.path,
+# where ``python -c`` puts it first (as ''), so that a folder holding a ``harel_store`` or an
 # ``alembic`` of its own is never what the child imports. Not ``-I``, which would also drop
 # the user site, where ``pip install --user`` puts the package; not ``-P``, new in 3.11.
-_OWN_PATH = """import sys
+# A run's child then dies with the process that bounds it (`die_with`, inlined) before it
+# imports anything else: importing takes seconds on a loaded machine, and a child still
+# importing when its parent ended would otherwise outlive it until `bounded_elsewhere`.
+_PRELUDE = f"""import os, sys
 if sys.path and sys.path[0] == "":
     del sys.path[0]
+if os.environ.get("{PARENT}", "").isdigit():
+    if sys.platform == "linux":
+        import ctypes, signal
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))
+    if os.getppid() != int(os.environ["{PARENT}"]):
+        os._exit(1)
 """
 
 
 def python_child(code: str, *args: str) -> list[str]:
     """The command line of a child process of ours: this Python running ``code`` (with
     ``args`` as its sys.argv[1:]), importing nothing from the current directory."""
-    return [sys.executable, "-c", _OWN_PATH + code, *args]
+    return [sys.executable, "-c", _PRELUDE + code, *args]
 
 
 # Alembic's command line, run again in the child: the same command, options and files.

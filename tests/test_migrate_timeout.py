@@ -326,3 +326,37 @@ def test_a_token_only_in_the_url_is_in_no_childs_environment_or_command_line(
         proc.kill()
         proc.communicate()
         kill_tagged(tag)
+
+
+# A process that bounds a child whose program, once the prelude ran, only waits (as a child
+# still importing harel_store and Alembic on a loaded machine does, seconds before it reaches
+# `bounded_elsewhere`). It prints the child's pid when the child is up.
+BOUNDING = """
+import sys
+from harel_store.migrate import python_child, run_bounded
+run_bounded(python_child("import time; print(flush=True); time.sleep(60)"), 120)
+"""
+
+
+def test_a_run_child_dies_with_its_parent_before_its_program_runs() -> None:
+    """The parent of a run's child (the command, a fleet's worker) killed while the child's
+    program has not yet reached `bounded_elsewhere`: the child dies with it at once, from its
+    first lines (`python_child`'s prelude), not seconds later once its imports are done."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "HAREL_TEST_TAG": tag}
+    with subprocess.Popen(
+        [sys.executable, "-c", BOUNDING], env=env, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "\n"  # the child's program runs
+            assert len(tagged(tag)) == 2
+            proc.kill()
+            proc.wait()
+            end = time.monotonic() + 5.0
+            while tagged(tag) and time.monotonic() < end:
+                time.sleep(0.05)
+            assert tagged(tag) == [], "the child outlived the process that bounds it"
+        finally:
+            proc.kill()
+            kill_tagged(tag)
