@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DATABASE",
+    "DIE_WITH",
     "MIGRATIONS_DIR",
     "PARENT",
     "alembic_config",
@@ -162,29 +163,37 @@ def refuse_unknown_revision(execute: Callable[[Request], Any], where: str) -> No
 TIMEOUT = 30.0  # how long a run against a server may take, as a whole, unless told
 # In a run's child process: the pid of the process that bounds it (`bounded_elsewhere`).
 PARENT = "HAREL_MIGRATE_PARENT"
+# In a child process of ours (`python_child`): the pid of the process it dies with, from its
+# program's first lines. The child takes it out of its environment: none of its own
+# children inherits it.
+DIE_WITH = "HAREL_DIE_WITH"
 
 # The first lines of every child's program. The current directory goes off its sys.path,
 # where ``python -c`` puts it first (as ''), so that a folder holding a ``harel_store`` or an
 # ``alembic`` of its own is never what the child imports. Not ``-I``, which would also drop
 # the user site, where ``pip install --user`` puts the package; not ``-P``, new in 3.11.
-# A run's child then dies with the process that bounds it (`die_with`, inlined) before it
-# imports anything else: importing takes seconds on a loaded machine, and a child still
-# importing when its parent ended would otherwise outlive it until `bounded_elsewhere`.
+# Then the child dies with the process named by $HAREL_DIE_WITH (`die_with`, inlined) before
+# it imports anything else: importing takes seconds on a loaded machine, and a child still
+# importing when its parent ended would otherwise outlive it for as long.
 _PRELUDE = f"""import os, sys
 if sys.path and sys.path[0] == "":
     del sys.path[0]
-if os.environ.get("{PARENT}", "").isdigit():
+_parent = os.environ.pop("{DIE_WITH}", "")
+if _parent.isascii() and _parent.isdigit():
     if sys.platform == "linux":
         import ctypes, signal
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))
-    if os.getppid() != int(os.environ["{PARENT}"]):
+    if os.getppid() != int(_parent):
         os._exit(1)
+del _parent
 """
 
 
 def python_child(code: str, *args: str) -> list[str]:
     """The command line of a child process of ours: this Python running ``code`` (with
-    ``args`` as its sys.argv[1:]), importing nothing from the current directory."""
+    ``args`` as its sys.argv[1:]), importing nothing from the current directory. Started
+    with ``HAREL_DIE_WITH=PID`` in its environment, it dies with that process (SIGKILL,
+    Linux) from its first lines, or exits 1 at once if that process is gone already."""
     return [sys.executable, "-c", _PRELUDE + code, *args]
 
 
@@ -266,7 +275,11 @@ def run_bounded(
         argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE if capture else None,
-        env={**(os.environ if env is None else env), PARENT: str(os.getpid())},
+        env={
+            **(os.environ if env is None else env),
+            PARENT: str(os.getpid()),
+            DIE_WITH: str(os.getpid()),
+        },
     )
     try:
         out, _ = child.communicate(stdin, timeout=seconds)
@@ -333,7 +346,7 @@ def bounded_elsewhere() -> bool:
     parent = os.environ.get(PARENT)
     if parent is None:
         return False
-    die_with(int(parent) if parent.isdigit() else -1)
+    die_with(int(parent) if parent.isascii() and parent.isdigit() else -1)
     return True
 
 

@@ -28,6 +28,12 @@ def no_secret(result: subprocess.CompletedProcess[str], *secrets: str) -> None:
         assert secret not in result.stdout and secret not in result.stderr
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with."""
+    block = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+    return dict(entry.partition("=")[::2] for entry in block.split("\0") if entry)
+
+
 def write_fleet(path: Path, entries: dict[str, str]) -> Path:
     body = ["# the fleet of this test", ""]
     body += [f"{name}   {database}" for name, database in entries.items()]
@@ -336,6 +342,9 @@ def test_sigterm_to_a_fleet_migrate_leaves_no_worker_or_migration_running(
         fleet = write_fleet(tmp_path / "fleet.txt", {"b": server.url})
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
         env.update(HAREL_AUTH_TOKEN=server.token, HAREL_TEST_TAG=tag)
+        # Come from outside (an environment that kept it): the worker bounds its migration
+        # all the same.
+        env.update(HAREL_MIGRATE_PARENT="4242", HAREL_DIE_WITH="4242")
         command = [str(Path(sys.executable).with_name("harel-store")), "--fleet", str(fleet)]
         proc = subprocess.Popen(
             [*command, "migrate", "--timeout", "60"],
@@ -345,9 +354,16 @@ def test_sigterm_to_a_fleet_migrate_leaves_no_worker_or_migration_running(
             start_new_session=True,
         )
         try:
-            descendant(proc.pid, 2)  # a worker's migration child
+            child = descendant(proc.pid, 2)  # a worker's migration child
             time.sleep(1.0)  # it waits on the server now
             assert len(tagged(tag)) == 3  # the command, its worker, the migration
+            # Each dies with its parent from its first lines (`python_child`), whatever
+            # the command's environment said: not once its imports are done.
+            worker = descendant(proc.pid, 1)
+            assert environ(worker)["HAREL_DIE_WITH"] == str(proc.pid)
+            assert "HAREL_MIGRATE_PARENT" not in environ(worker)
+            assert environ(child)["HAREL_DIE_WITH"] == str(worker)
+            assert environ(child)["HAREL_MIGRATE_PARENT"] == str(worker)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
             end = time.monotonic() + 2.0
@@ -362,3 +378,18 @@ def test_sigterm_to_a_fleet_migrate_leaves_no_worker_or_migration_running(
         os.kill(server.pid, signal.SIGCONT)
         server.kill()
         server.close()
+
+
+@pytest.mark.slow
+def test_a_migrate_parent_come_from_outside_stops_no_fleet_worker(tmp_path: Path) -> None:
+    """$HAREL_MIGRATE_PARENT (a run's child's marker) in the environment of a fleet command,
+    as any variable an environment keeps: its workers run their jobs as without it, on a
+    file as on a server, and a value that is digits only to `str.isdigit` stops nothing."""
+    fleet = write_fleet(tmp_path / "fleet.txt", {"a": str(tmp_path / "a.db")})
+    for value in ("4242", "\u00b2"):
+        leaked = {"HAREL_MIGRATE_PARENT": value, "HAREL_DIE_WITH": value}
+        result = cli("--fleet", str(fleet), "migrate", "--create", env=leaked)
+        assert result.returncode == 0, result.stderr
+        assert "1 ok, 0 failed" in result.stdout.splitlines()[-1]
+    checked = cli("--fleet", str(fleet), "schema", "--check")
+    assert checked.returncode == 0, checked.stderr

@@ -338,6 +338,7 @@ run_bounded(python_child("import time; print(flush=True); time.sleep(60)"), 120)
 """
 
 
+@pytest.mark.slow
 def test_a_run_child_dies_with_its_parent_before_its_program_runs() -> None:
     """The parent of a run's child (the command, a fleet's worker) killed while the child's
     program has not yet reached `bounded_elsewhere`: the child dies with it at once, from its

@@ -37,7 +37,7 @@ from harel_store.cli.output import PROG, Failure, colour_on, to_json
 from harel_store.connection import parse_database, show
 from harel_store.connection.url import token_from_env
 from harel_store.fleet import Fleet
-from harel_store.migrate import die_with, python_child
+from harel_store.migrate import DIE_WITH, PARENT, python_child
 
 __all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
 
@@ -121,8 +121,13 @@ class Worker:
         if self._proc is None:
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
             try:
+                # It dies with this process from its first lines (`python_child`), and a
+                # $HAREL_MIGRATE_PARENT come from outside never tells it that it is
+                # bounded already (`bounded_elsewhere`): its migrations are bounded by it.
+                env = {k: v for k, v in os.environ.items() if k != PARENT}
                 self._proc = subprocess.Popen(
-                    python_child(_SERVE, str(os.getpid())),
+                    python_child(_SERVE),
+                    env={**env, DIE_WITH: str(os.getpid())},
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=self._log,
@@ -176,24 +181,21 @@ class Worker:
             self._log = None
 
 
-# A worker's program: the command's `main` handed to the loop (this module is below it),
-# and the pid of the process that started it (sys.argv[1]), to die with.
+# A worker's program: the command's `main` handed to the loop (this module is below it).
 _SERVE = """
 from harel_store.cli import main
 from harel_store.cli.fleet import serve
-serve(main, int(sys.argv[1]))
+serve(main)
 """
 
 
-def serve(main: Callable[[list[str]], int], parent: int | None = None) -> None:
+def serve(main: Callable[[list[str]], int]) -> None:
     """A worker's loop: one job a line on stdin (a database and the command's arguments),
     run by ``main``; its outcome a line on the channel (stdout as it was when the worker
     started). From then on the file descriptor 1 is a file of its own: what reaches it
     during a job (a child process the command runs writes there) is that job's output.
-    ``parent``: the pid of the process that started it, which it dies with (`die_with`);
-    a migration's child it starts dies with it in turn (`bounded_elsewhere`)."""
-    if parent is not None:
-        die_with(parent)
+    A worker dies with the process that started it (`Worker`), and a migration's child it
+    starts dies with it in turn (`run_bounded`)."""
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     stray = tempfile.TemporaryFile()  # noqa: SIM115 (the worker's whole life)
     os.dup2(stray.fileno(), 1)
