@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import re
@@ -46,7 +45,6 @@ __all__ = [
     "command_in_child",
     "database_from_env",
     "deadline",
-    "die_with",
     "driver_failure",
     "killed",
     "migration_hint",
@@ -172,9 +170,10 @@ DIE_WITH = "HAREL_DIE_WITH"
 # where ``python -c`` puts it first (as ''), so that a folder holding a ``harel_store`` or an
 # ``alembic`` of its own is never what the child imports. Not ``-I``, which would also drop
 # the user site, where ``pip install --user`` puts the package; not ``-P``, new in 3.11.
-# Then the child dies with the process named by $HAREL_DIE_WITH (`die_with`, inlined) before
-# it imports anything else: importing takes seconds on a loaded machine, and a child still
-# importing when its parent ended would otherwise outlive it for as long.
+# Then the child dies with the process named by $HAREL_DIE_WITH (SIGKILL when it ends, Linux;
+# exit 1 now if it is gone already) before it imports anything else: importing takes seconds
+# on a loaded machine, and a child still importing when its parent ended would otherwise
+# outlive it for as long.
 _PRELUDE = f"""import os, sys
 if sys.path and sys.path[0] == "":
     del sys.path[0]
@@ -341,22 +340,19 @@ def command_in_child(
 
 
 def bounded_elsewhere() -> bool:
-    """Whether this process is a run's child, bounded by its parent (`run_bounded`); it then
-    dies with that parent (Linux), so that no run goes on unbounded once it is gone."""
-    parent = os.environ.get(PARENT)
-    if parent is None:
-        return False
-    die_with(int(parent) if parent.isascii() and parent.isdigit() else -1)
-    return True
+    """Whether this process is a run's child, bounded by its parent (`run_bounded`), which it
+    dies with from its program's first lines (`python_child`). Read once: $HAREL_MIGRATE_PARENT
+    then goes out of the environment, so that no process this one starts inherits it. A value
+    that does not name this process's parent (an environment that kept it) is not: the run
+    is bounded here, as any other."""
+    global _bounded
+    if _bounded is None:
+        parent = os.environ.pop(PARENT, "")
+        _bounded = parent.isascii() and parent.isdigit() and int(parent) == os.getppid()
+    return _bounded
 
 
-def die_with(parent: int) -> None:
-    """Have this process killed (SIGKILL) when its parent, ``parent`` (its pid), ends
-    (Linux); end it now if that parent is gone already."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # gone already: this process was handed to another
-        os._exit(1)
+_bounded: bool | None = None  # what bounded_elsewhere() read
 
 
 # The watchdog: a second Python, waiting for its stdin to close (the work is over, or this

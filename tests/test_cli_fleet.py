@@ -381,15 +381,23 @@ def test_sigterm_to_a_fleet_migrate_leaves_no_worker_or_migration_running(
 
 
 @pytest.mark.slow
-def test_a_migrate_parent_come_from_outside_stops_no_fleet_worker(tmp_path: Path) -> None:
-    """$HAREL_MIGRATE_PARENT (a run's child's marker) in the environment of a fleet command,
-    as any variable an environment keeps: its workers run their jobs as without it, on a
-    file as on a server, and a value that is digits only to `str.isdigit` stops nothing."""
+@pytest.mark.sqld
+def test_a_migrate_parent_come_from_outside_stops_no_migration(tmp_path: Path, sqld: Any) -> None:
+    """$HAREL_MIGRATE_PARENT (a run's child's marker) and $HAREL_DIE_WITH in the environment
+    of a command, as any variable an environment keeps: a fleet's workers run their jobs as
+    without them, and a migration against a server runs, bounded by its command, instead of
+    ending at once with exit status 1 and nothing said. A value that is digits only to
+    `str.isdigit` (``²``) names no process either."""
     fleet = write_fleet(tmp_path / "fleet.txt", {"a": str(tmp_path / "a.db")})
     for value in ("4242", "\u00b2"):
         leaked = {"HAREL_MIGRATE_PARENT": value, "HAREL_DIE_WITH": value}
         result = cli("--fleet", str(fleet), "migrate", "--create", env=leaked)
         assert result.returncode == 0, result.stderr
         assert "1 ok, 0 failed" in result.stdout.splitlines()[-1]
+        on_server = cli(
+            "migrate", "--url", sqld.url, env={**leaked, "HAREL_AUTH_TOKEN": sqld.token}
+        )
+        assert on_server.returncode == 0, on_server.stderr
+        assert on_server.stdout.strip().endswith(f"schema at revision {HEAD} (head {HEAD})")
     checked = cli("--fleet", str(fleet), "schema", "--check")
     assert checked.returncode == 0, checked.stderr

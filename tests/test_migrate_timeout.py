@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from harel_store.migrate import python_child, run_bounded
 from tests.helpers import ALEMBIC, ROOT
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
@@ -252,7 +253,7 @@ def test_no_child_imports_from_the_current_directory(tmp_path: Path) -> None:
     (fake / "__main__.py").write_text("import sys\nsys.exit(0)\n")
     (fake / "cli").mkdir()
     (fake / "cli" / "__init__.py").write_text("def main(argv=None):\n    return 0\n")
-    (fake / "cli" / "fleet.py").write_text("def serve(main, parent=None):\n    pass\n")
+    (fake / "cli" / "fleet.py").write_text("def serve(main):\n    pass\n")
     marker = tmp_path / "IMPOSTOR"
     tag = uuid.uuid4().hex
     with SqldServer(auth=True) as server:
@@ -330,7 +331,7 @@ def test_a_token_only_in_the_url_is_in_no_childs_environment_or_command_line(
 
 # A process that bounds a child whose program, once the prelude ran, only waits (as a child
 # still importing harel_store and Alembic on a loaded machine does, seconds before it reaches
-# `bounded_elsewhere`). It prints the child's pid when the child is up.
+# `bounded_elsewhere`). It prints an empty line when the child's program runs.
 BOUNDING = """
 import sys
 from harel_store.migrate import python_child, run_bounded
@@ -361,3 +362,25 @@ def test_a_run_child_dies_with_its_parent_before_its_program_runs() -> None:
         finally:
             proc.kill()
             kill_tagged(tag)
+
+
+# A run's child that reads whether it is bounded (twice: the command's main and Alembic's env
+# both ask), then starts a process of its own that prints what it inherited.
+GRANDCHILD = """
+import subprocess
+from harel_store.migrate import bounded_elsewhere
+print(bounded_elsewhere(), bounded_elsewhere(), flush=True)
+probe = "import os; print(os.environ.get('HAREL_MIGRATE_PARENT'), os.environ.get('HAREL_DIE_WITH'))"
+subprocess.run([sys.executable, "-c", probe], check=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_childs_own_processes_inherit_neither_pid() -> None:
+    """A run's child is bounded by its parent, however often it asks; a process it starts
+    inherits neither the pid it is bounded by nor the one it dies with: a migration that
+    process ran would otherwise think itself bounded by a process that is not its parent
+    (and end at once, saying nothing)."""
+    done = run_bounded(python_child(GRANDCHILD), 60, capture=True)
+    assert done is not None
+    assert done == (0, b"True True\nNone None\n")
