@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import re
@@ -340,19 +341,35 @@ def command_in_child(
 
 
 def bounded_elsewhere() -> bool:
-    """Whether this process is a run's child, bounded by its parent (`run_bounded`), which it
-    dies with from its program's first lines (`python_child`). Read once: $HAREL_MIGRATE_PARENT
-    then goes out of the environment, so that no process this one starts inherits it. A value
-    that does not name this process's parent (an environment that kept it) is not: the run
-    is bounded here, as any other."""
+    """Whether this process is a run's child, bounded by its parent (`run_bounded`); it then
+    dies with that parent (Linux), so that no run goes on unbounded once it is gone. Read
+    once: $HAREL_MIGRATE_PARENT then goes out of the environment, so that no process this
+    one starts inherits it. A ValueError when the variable is set but does not name this
+    process's parent: the parent is gone, or the variable was left in an environment it
+    does not belong to; either way no run goes on."""
     global _bounded
     if _bounded is None:
-        parent = os.environ.pop(PARENT, "")
-        _bounded = parent.isascii() and parent.isdigit() and int(parent) == os.getppid()
+        parent = os.environ.pop(PARENT, None)
+        if parent is None:
+            _bounded = False
+        else:
+            if sys.platform == "linux":
+                ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+            named = parent.isascii() and parent.isdigit() and int(parent) == os.getppid()
+            _bounded = (
+                True
+                if named
+                else (
+                    f"${PARENT} is set ({parent[:20]!r}) but does not name the parent of this"
+                    " process: it is harel-store's own, for the process of a migration; unset it"
+                )
+            )
+    if isinstance(_bounded, str):
+        raise ValueError(_bounded)
     return _bounded
 
 
-_bounded: bool | None = None  # what bounded_elsewhere() read
+_bounded: bool | str | None = None  # what bounded_elsewhere() read: its answer or its error
 
 
 # The watchdog: a second Python, waiting for its stdin to close (the work is over, or this

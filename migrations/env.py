@@ -207,7 +207,11 @@ def run_migrations_online() -> None:
     given, database = target()
     local = database.local is not None
     bound: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if not local and not bounded_elsewhere():  # a run's child: its parent bounds it
+    try:
+        bounded = local or bounded_elsewhere()  # a run's child: its parent bounds it
+    except ValueError as exc:
+        raise MigrationFailed(str(exc), database) from None
+    if not bounded:
         seconds = server_timeout()
         if config.cmd_opts is not None:  # Alembic's command line: run again in a child
             status = alembic_in_child(config, seconds)

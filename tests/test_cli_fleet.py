@@ -4,6 +4,7 @@ failing without stopping the others, the worst exit status, no token shown (issu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -382,12 +383,14 @@ def test_sigterm_to_a_fleet_migrate_leaves_no_worker_or_migration_running(
 
 @pytest.mark.slow
 @pytest.mark.sqld
-def test_a_migrate_parent_come_from_outside_stops_no_migration(tmp_path: Path, sqld: Any) -> None:
-    """$HAREL_MIGRATE_PARENT (a run's child's marker) and $HAREL_DIE_WITH in the environment
-    of a command, as any variable an environment keeps: a fleet's workers run their jobs as
-    without them, and a migration against a server runs, bounded by its command, instead of
-    ending at once with exit status 1 and nothing said. A value that is digits only to
-    `str.isdigit` (``²``) names no process either."""
+def test_a_migrate_parent_come_from_outside(tmp_path: Path, sqld: Any) -> None:
+    """$HAREL_MIGRATE_PARENT (a run's child's marker) and $HAREL_DIE_WITH left in the
+    environment of a command: a fleet's workers run their jobs as without them (each bounds
+    its own migrations); a migration against a server is refused in one line that names the
+    variable, where it ended at once with exit status 1 and nothing said. A value that is
+    digits only to `str.isdigit` (``²``) names no process either."""
+    from tests.helpers import ALEMBIC
+
     fleet = write_fleet(tmp_path / "fleet.txt", {"a": str(tmp_path / "a.db")})
     for value in ("4242", "\u00b2"):
         leaked = {"HAREL_MIGRATE_PARENT": value, "HAREL_DIE_WITH": value}
@@ -397,7 +400,21 @@ def test_a_migrate_parent_come_from_outside_stops_no_migration(tmp_path: Path, s
         on_server = cli(
             "migrate", "--url", sqld.url, env={**leaked, "HAREL_AUTH_TOKEN": sqld.token}
         )
-        assert on_server.returncode == 0, on_server.stderr
-        assert on_server.stdout.strip().endswith(f"schema at revision {HEAD} (head {HEAD})")
+        assert on_server.returncode == 1, on_server.stderr
+        (line,) = on_server.stderr.splitlines()
+        assert line.startswith("harel-store: error: $HAREL_MIGRATE_PARENT is set")
+        assert line.endswith("unset it")
     checked = cli("--fleet", str(fleet), "schema", "--check")
     assert checked.returncode == 0, checked.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
+    env.update(HAREL_MIGRATE_PARENT="4242", HAREL_AUTH_TOKEN=sqld.token)
+    alembic = subprocess.run(
+        [*ALEMBIC, "-x", f"url={sqld.url}", "upgrade", "head"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert alembic.returncode == 255, alembic.stderr
+    assert "FAILED: $HAREL_MIGRATE_PARENT is set" in alembic.stdout + alembic.stderr

@@ -329,25 +329,31 @@ def test_a_token_only_in_the_url_is_in_no_childs_environment_or_command_line(
         kill_tagged(tag)
 
 
-# A process that bounds a child whose program, once the prelude ran, only waits (as a child
-# still importing harel_store and Alembic on a loaded machine does, seconds before it reaches
-# `bounded_elsewhere`). It prints an empty line when the child's program runs.
+# A process that bounds a child whose program only waits once it started (as a child still
+# importing harel_store and Alembic on a loaded machine does, seconds before it reaches
+# `bounded_elsewhere`): ours (`python_child`'s prelude), or any program that asks
+# `bounded_elsewhere` first. It prints an empty line when the child's program runs.
 BOUNDING = """
 import sys
 from harel_store.migrate import python_child, run_bounded
-run_bounded(python_child("import time; print(flush=True); time.sleep(60)"), 120)
+wait = "import time; print(flush=True); time.sleep(60)"
+asks = "from harel_store.migrate import bounded_elsewhere; assert bounded_elsewhere(); "
+argv = python_child(wait) if sys.argv[1] == "ours" else [sys.executable, "-c", asks + wait]
+run_bounded(argv, 120)
 """
 
 
 @pytest.mark.slow
-def test_a_run_child_dies_with_its_parent_before_its_program_runs() -> None:
+@pytest.mark.parametrize("program", ["ours", "any"])
+def test_a_run_child_dies_with_its_parent_before_its_program_runs(program: str) -> None:
     """The parent of a run's child (the command, a fleet's worker) killed while the child's
-    program has not yet reached `bounded_elsewhere`: the child dies with it at once, from its
-    first lines (`python_child`'s prelude), not seconds later once its imports are done."""
+    program waits: the child dies with it at once, from its first lines (`python_child`'s
+    prelude) or from `bounded_elsewhere`, not seconds later once its imports are done, and
+    never goes on as if bounded."""
     tag = uuid.uuid4().hex
     env = {**os.environ, "HAREL_TEST_TAG": tag}
     with subprocess.Popen(
-        [sys.executable, "-c", BOUNDING], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", BOUNDING, program], env=env, stdout=subprocess.PIPE, text=True
     ) as proc:
         try:
             assert proc.stdout is not None
@@ -379,8 +385,7 @@ subprocess.run([sys.executable, "-c", probe], check=True)
 def test_a_run_childs_own_processes_inherit_neither_pid() -> None:
     """A run's child is bounded by its parent, however often it asks; a process it starts
     inherits neither the pid it is bounded by nor the one it dies with: a migration that
-    process ran would otherwise think itself bounded by a process that is not its parent
-    (and end at once, saying nothing)."""
+    process ran would otherwise be refused (the pid names no parent of it)."""
     done = run_bounded(python_child(GRANDCHILD), 60, capture=True)
     assert done is not None
     assert done == (0, b"True True\nNone None\n")

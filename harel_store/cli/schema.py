@@ -128,7 +128,7 @@ def migrate(args: argparse.Namespace) -> int:
             return 0
     elif ":" in target:
         raise ValueError(f"--to {target}: a range FROM:TO is for --sql (the script of it)")
-    elif _server(where) and not bounded_elsewhere():
+    elif _server(where) and not _bounded_elsewhere():
         return _bounded(where, args)  # this command again, in a child process
     config = alembic_config(where)
     config.attributes["timeout"] = args.timeout
@@ -176,6 +176,13 @@ sys.exit(main(["migrate", f"--url={where}", *sys.argv[1:]]))
 """
 # The variables a database may be given by: none of them reaches the child.
 _DATABASE_VARIABLES = ("HAREL_DATABASE_URL", "TURSO_DATABASE_URL")
+
+
+def _bounded_elsewhere() -> bool:
+    try:
+        return bounded_elsewhere()
+    except ValueError as exc:  # not a usage error: one line, exit 1
+        raise Failure(str(exc)) from None
 
 
 def _bounded(where: str, args: argparse.Namespace) -> int:
