@@ -344,32 +344,31 @@ def bounded_elsewhere() -> bool:
     """Whether this process is a run's child, bounded by its parent (`run_bounded`); it then
     dies with that parent (Linux), so that no run goes on unbounded once it is gone. Read
     once: $HAREL_MIGRATE_PARENT then goes out of the environment, so that no process this
-    one starts inherits it. A ValueError when the variable is set but does not name this
-    process's parent: the parent is gone, or the variable was left in an environment it
-    does not belong to; either way no run goes on."""
+    one starts inherits it. A ValueError (that once; the variable is gone after it) when the
+    variable does not name this process's parent: the parent is gone already, or the
+    variable was left in an environment it does not belong to; either way no run goes on."""
     global _bounded
     if _bounded is None:
-        parent = os.environ.pop(PARENT, None)
-        if parent is None:
-            _bounded = False
-        else:
+        parent = os.environ.pop(PARENT, "")
+        _bounded = bool(parent)
+        if parent:
+            # Linked first, then checked: a parent that ends in between is seen gone.
             if sys.platform == "linux":
                 ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-            named = parent.isascii() and parent.isdigit() and int(parent) == os.getppid()
-            _bounded = (
-                True
-                if named
-                else (
-                    f"${PARENT} is set ({parent[:20]!r}) but does not name the parent of this"
-                    " process: it is harel-store's own, for the process of a migration; unset it"
+            if not (parent.isascii() and parent.isdigit() and int(parent) == os.getppid()):
+                _bounded = False
+                if sys.platform == "linux":
+                    ctypes.CDLL(None).prctl(1, 0)  # linked to nothing again
+                shown = repr(parent[:20]) + ("..." if len(parent) > 20 else "")
+                raise ValueError(
+                    f"${PARENT} ({shown}) does not name the parent of this process: it is"
+                    " harel-store's own, set for the process of a migration whose command"
+                    " ended since, or left in this environment (unset it)"
                 )
-            )
-    if isinstance(_bounded, str):
-        raise ValueError(_bounded)
     return _bounded
 
 
-_bounded: bool | str | None = None  # what bounded_elsewhere() read: its answer or its error
+_bounded: bool | None = None  # what bounded_elsewhere() read
 
 
 # The watchdog: a second Python, waiting for its stdin to close (the work is over, or this

@@ -345,11 +345,11 @@ run_bounded(argv, 120)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("program", ["ours", "any"])
-def test_a_run_child_dies_with_its_parent_before_its_program_runs(program: str) -> None:
+def test_a_run_child_dies_with_its_parent(program: str) -> None:
     """The parent of a run's child (the command, a fleet's worker) killed while the child's
-    program waits: the child dies with it at once, from its first lines (`python_child`'s
-    prelude) or from `bounded_elsewhere`, not seconds later once its imports are done, and
-    never goes on as if bounded."""
+    program waits: the child dies with it at once, linked from its first lines (ours:
+    `python_child`'s prelude, before its imports, which take seconds on a loaded machine)
+    or when it asks `bounded_elsewhere` (any program)."""
     tag = uuid.uuid4().hex
     env = {**os.environ, "HAREL_TEST_TAG": tag}
     with subprocess.Popen(
@@ -389,3 +389,27 @@ def test_a_run_childs_own_processes_inherit_neither_pid() -> None:
     done = run_bounded(python_child(GRANDCHILD), 60, capture=True)
     assert done is not None
     assert done == (0, b"True True\nNone None\n")
+
+
+# A program (a long-lived one, calling Alembic's `command` itself) whose environment kept a
+# $HAREL_MIGRATE_PARENT: refused once, then left linked to no parent's death, and asked
+# again (the variable gone) not a run's child.
+REFUSED = """
+import ctypes, os
+os.environ["HAREL_MIGRATE_PARENT"] = "0"
+from harel_store.migrate import bounded_elsewhere
+try:
+    bounded_elsewhere()
+except ValueError:
+    print("refused")
+signal = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(signal))  # PR_GET_PDEATHSIG
+print(signal.value, bounded_elsewhere(), "HAREL_MIGRATE_PARENT" in os.environ)
+"""
+
+
+def test_a_refused_migrate_parent_leaves_the_process_as_it_was() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", REFUSED], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.stdout == "refused\n0 False False\n", run.stderr

@@ -121,9 +121,10 @@ class Worker:
         if self._proc is None:
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
             try:
-                # It dies with this process from its first lines (`python_child`), and a
-                # $HAREL_MIGRATE_PARENT come from outside never tells it that it is
-                # bounded already (`bounded_elsewhere`): its migrations are bounded by it.
+                # It dies with this process from its first lines (`python_child`). It is
+                # no run's child: a $HAREL_MIGRATE_PARENT left in this environment is not
+                # passed on (`bounded_elsewhere` would refuse its migrations); it bounds
+                # its migrations itself.
                 env = {k: v for k, v in os.environ.items() if k != PARENT}
                 self._proc = subprocess.Popen(
                     python_child(_SERVE),
