@@ -183,7 +183,7 @@ if _parent.isascii() and _parent.isdigit():
     if sys.platform == "linux":
         import ctypes, signal
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))
-    if os.getppid() != int(_parent):
+    if str(os.getppid()) != _parent:
         os._exit(1)
 del _parent
 """
@@ -350,13 +350,13 @@ def bounded_elsewhere() -> bool:
     global _bounded
     if _bounded is None:
         parent = os.environ.pop(PARENT, "")
-        _bounded = bool(parent)
+        _bounded = False
         if parent:
             # Linked first, then checked: a parent that ends in between is seen gone.
             if sys.platform == "linux":
                 ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-            if not (parent.isascii() and parent.isdigit() and int(parent) == os.getppid()):
-                _bounded = False
+            _bounded = parent == str(os.getppid())
+            if not _bounded:
                 if sys.platform == "linux":
                     ctypes.CDLL(None).prctl(1, 0)  # linked to nothing again
                 shown = repr(parent[:20]) + ("..." if len(parent) > 20 else "")

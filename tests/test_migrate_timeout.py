@@ -395,21 +395,27 @@ def test_a_run_childs_own_processes_inherit_neither_pid() -> None:
 # $HAREL_MIGRATE_PARENT: refused once, then left linked to no parent's death, and asked
 # again (the variable gone) not a run's child.
 REFUSED = """
-import ctypes, os
-os.environ["HAREL_MIGRATE_PARENT"] = "0"
+import ctypes, os, sys
+os.environ["HAREL_MIGRATE_PARENT"] = sys.argv[1]
 from harel_store.migrate import bounded_elsewhere
 try:
     bounded_elsewhere()
-except ValueError:
-    print("refused")
+except ValueError as exc:
+    print("refused" if str(exc).startswith("$HAREL_MIGRATE_PARENT (") else exc)
 signal = ctypes.c_int()
 ctypes.CDLL(None).prctl(2, ctypes.byref(signal))  # PR_GET_PDEATHSIG
 print(signal.value, bounded_elsewhere(), "HAREL_MIGRATE_PARENT" in os.environ)
 """
 
 
-def test_a_refused_migrate_parent_leaves_the_process_as_it_was() -> None:
+@pytest.mark.parametrize("value", ["0", "4" * 5000])
+def test_a_refused_migrate_parent_leaves_the_process_as_it_was(value: str) -> None:
+    """Refused in our words whatever the value (5,000 digits: past what `int` reads)."""
     run = subprocess.run(
-        [sys.executable, "-c", REFUSED], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", REFUSED, value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert run.stdout == "refused\n0 False False\n", run.stderr
