@@ -9,7 +9,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from harel_store import demo
 from harel_store.cli.common import Command
 from harel_store.cli.output import PROG
 from harel_store.connection import show
@@ -41,6 +40,8 @@ def invocation() -> str:
 
 def run(args: argparse.Namespace) -> int:
     database = args.url or DEMO_DATABASE
+    from harel_store import demo  # and its relay: imported by this command alone
+
     with LibsqlStore(database, auth_token=token_from_env(), sync_url=args.sync_url) as store:
         order = demo.run(store, sys.stdout)
     # The other commands default to harel.db: name the demo's database in every suggestion,

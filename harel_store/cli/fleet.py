@@ -36,7 +36,6 @@ from typing import IO, NamedTuple
 from harel_store.cli.output import PROG, Failure, colour_on, to_json
 from harel_store.connection import parse_database, show
 from harel_store.connection.url import token_from_env
-from harel_store.fleet import Fleet
 from harel_store.migrate import DIE_WITH, PARENT, python_child
 
 __all__ = ["COMMANDS", "JOBS", "Worker", "read_fleet", "run", "serve"]
@@ -80,6 +79,8 @@ def read_fleet(path: str) -> dict[str, str]:
         if name in databases:
             raise ValueError(f"{path}, line {number}: the name {name!r:.80} is given twice")
         databases[name] = database
+    from harel_store.fleet import Fleet  # and the async store: only for a fleet's commands
+
     try:
         Fleet(databases, auth_token=token_from_env())  # the names and URLs, checked; no I/O
     except (ValueError, TypeError) as exc:

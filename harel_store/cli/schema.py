@@ -116,8 +116,6 @@ def script_plan(where: str, to: str) -> tuple[str, str] | None:
 
 
 def migrate(args: argparse.Namespace) -> int:
-    from alembic import command
-
     # A replica delegates its writes: the schema is changed on its primary.
     where = args.sync_url or database(args)
     target = args.to
@@ -130,6 +128,16 @@ def migrate(args: argparse.Namespace) -> int:
         raise ValueError(f"--to {target}: a range FROM:TO is for --sql (the script of it)")
     elif _server(where) and not _bounded_elsewhere():
         return _bounded(where, args)  # this command again, in a child process
+    current = None
+    if plan is None and exists(where):
+        current = current_revision(where)
+        if current is not None and current == _revision(target):  # nothing to do
+            print(f"{show(where)}: schema at revision {current} (head {HEAD})")
+            return 0
+    # Imported past the runs that need no Alembic (a server's parent, a database already at
+    # its target): importing it takes ~0.7 s of CPU.
+    from alembic import command
+
     config = alembic_config(where)
     config.attributes["timeout"] = args.timeout
     handler = logging.StreamHandler(sys.stderr)
@@ -144,9 +152,6 @@ def migrate(args: argparse.Namespace) -> int:
             name, target = plan
             step = command.upgrade if name == "upgrade" else command.downgrade
         else:
-            current = None
-            if exists(where):
-                current = current_revision(where)
             if target == "base" or (
                 target in KNOWN and current in KNOWN and KNOWN.index(target) < KNOWN.index(current)
             ):

@@ -1,0 +1,93 @@
+"""What a process imports: the package's public names load their modules when first asked
+for, and ``migrate`` imports Alembic only when it runs it (each is ~0.1-0.7 s of CPU a
+process, and a test run starts ~1,600 of them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harel_store
+from harel_store import HEAD, LibsqlStore
+
+# Runs the CLI's `main` with the given arguments in a fresh interpreter; prints, as the last
+# line of stdout, its exit status and which of the watched modules it imported.
+_PROBE = """
+import json, sys
+from harel_store.cli import main
+status = main(sys.argv[1:])
+watched = ("alembic", "sqlalchemy", "harel_store.aio", "harel_store.relay")
+print(json.dumps({"status": status, "imported": [m for m in watched if m in sys.modules]}))
+"""
+
+
+def probe(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "TURSO_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    *printed, last = result.stdout.splitlines()
+    return json.loads(last), "\n".join(printed) + result.stderr
+
+
+def test_importing_the_package_imports_none_of_its_modules() -> None:
+    prefixes = "('harel_store.', 'pydantic', 'asyncio')"
+    code = f"import sys, harel_store; print([m for m in sys.modules if m.startswith({prefixes})])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_public_name_resolves_once_asked_for() -> None:
+    code = "import harel_store as h; print(all(getattr(h, n) is getattr(h, n) for n in h.__all__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    assert set(harel_store.__all__) <= set(dir(harel_store))
+    assert harel_store.LibsqlStore.__module__ == "harel_store.store"
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        harel_store.Nope  # noqa: B018
+    with pytest.raises(ImportError):
+        from harel_store import Nope  # type: ignore[attr-defined]  # noqa: F401
+
+
+def test_migrate_with_nothing_to_do_runs_no_alembic(tmp_path: Path) -> None:
+    db = tmp_path / "at.db"
+    LibsqlStore(db).close()
+    result, said = probe("migrate", "--url", str(db), cwd=tmp_path)
+    assert result == {"status": 0, "imported": []}
+    assert said.strip() == f"{db}: schema at revision {HEAD} (head {HEAD})"
+    # At another revision than --to, Alembic runs (down, then up again).
+    result, said = probe("migrate", "--url", str(db), "--to", "0011", cwd=tmp_path)
+    assert result["status"] == 0 and "alembic" in result["imported"]
+    assert "Running downgrade 0012 -> 0011" in said
+    result, said = probe("migrate", "--url", str(db), "--to", "0011", cwd=tmp_path)
+    assert result == {"status": 0, "imported": []}
+    assert said.strip() == f"{db}: schema at revision 0011 (head {HEAD})"
+    result, said = probe("migrate", "--url", str(db), cwd=tmp_path)
+    assert "Running upgrade 0011 -> 0012" in said
+    with LibsqlStore(db, migrate=False) as store:
+        assert store.schema_revision == HEAD
+
+
+@pytest.mark.sqld
+def test_migrate_on_a_server_imports_no_alembic_in_the_command_itself(
+    server: Any, tmp_path: Path
+) -> None:
+    """Its child runs the migration (`run_bounded`): the command that waits on it needs none."""
+    env = {"HAREL_AUTH_TOKEN": server.token}
+    result, said = probe("migrate", "--url", server.url, cwd=tmp_path, env=env)
+    assert result == {"status": 0, "imported": []}
+    assert said.strip().endswith(f"schema at revision {HEAD} (head {HEAD})")
+    assert server.token not in said
