@@ -29,11 +29,7 @@ class Execution(BaseModel):
     (``extra="allow"``), inside the stored JSON."""
 
     # NaN/Infinity serialize as bare tokens (not a silent null) so the store can refuse them.
-    # defer_build (every model here): a model's validator is built when first used, not at
-    # import; a process that never makes one (most CLI commands, Alembic's env) saves ~0.1 s.
-    model_config = ConfigDict(
-        defer_build=True, validate_assignment=True, extra="allow", ser_json_inf_nan="constants"
-    )
+    model_config = ConfigDict(validate_assignment=True, extra="allow", ser_json_inf_nan="constants")
 
     id: Id
     """The execution's key: any non-empty string up to 512 characters, without NUL."""
@@ -62,7 +58,7 @@ def _new_id() -> str:
 class Event(BaseModel):
     """An event handled or emitted by an execution; ``id`` is its dedupe key."""
 
-    model_config = ConfigDict(defer_build=True, extra="allow", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     name: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=512)]
     """The event's name, as the statechart's transitions name it."""
@@ -76,7 +72,7 @@ class Event(BaseModel):
 class TimerOp(BaseModel):
     """A timer change carried by a commit: ``TimerOp.schedule(path, at)`` or ``.cancel(path)``."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     action: Literal["schedule", "cancel"]
     path: Id
@@ -346,7 +342,7 @@ class ExecutionSummary(BaseModel):
     first save) and ``updated_at`` (the latest CAS write) are epoch seconds on the database's
     clock; None for an execution last written before migration 0005."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     id: str
     definition_id: str
@@ -363,7 +359,7 @@ class ExecutionSummary(BaseModel):
 class ExecutionPage(BaseModel):
     """One page of a listing; pass ``next_cursor`` back for the next (None: no more)."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     items: list[ExecutionSummary]
     """This page's executions (iterate ``page.items``: iterating the page itself yields
@@ -375,7 +371,7 @@ class ExecutionPage(BaseModel):
 class DefinitionRecord(BaseModel):
     """One published version of a machine definition; ``source`` holds its files."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     definition_id: Id
     version: int = Field(ge=0, strict=True)
