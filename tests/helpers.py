@@ -24,19 +24,28 @@ ALEMBIC = [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini")]
 
 # Alembic's command line, once for each argv of the JSON list in argv[1], in one interpreter:
 # a walk of many steps pays Python's and Alembic's start once, and each step is still a
-# command of its own (its own env.py run, engine and transaction).
+# command of its own (its own env.py run, engine and transaction). A step ["copy", A, B]
+# copies the file A to B (no connection is open between two commands).
 STEPS = """
-import json, sys
+import json, shutil, sys
 from alembic.config import main
 for argv in json.loads(sys.argv[1]):
-    main(argv=argv)
+    if argv[0] == "copy":
+        shutil.copyfile(argv[1], argv[2])
+    else:
+        main(argv=argv)
 """
 
 
 def alembic_steps(*steps: tuple[Path, str, str]) -> None:
     """Run ``alembic -x url=DB COMMAND TARGET`` for each (db, command, target), in order, in
-    one child process."""
-    argvs = [[*ALEMBIC[3:], "-x", f"url={db}", *step] for db, *step in steps]
+    one child process; a step (db, "copy", path) copies the file db to path."""
+    argvs = [
+        ["copy", str(db), step[1]]
+        if step[0] == "copy"
+        else [*ALEMBIC[3:], "-x", f"url={db}", *step]
+        for db, *step in steps
+    ]
     done = subprocess.run(
         [sys.executable, "-c", STEPS, json.dumps(argvs)],
         capture_output=True,
