@@ -24,7 +24,7 @@ import_libsql()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With xdist (`-n 6`): a worker holds at most two tests at a time (``--maxschedchunk=1``
+    """With xdist (`-n 3`): a worker holds at most two tests at a time (``--maxschedchunk=1``
     unless given), so the slow tests, handed out first, spread over every worker instead of
     queueing on the first one's initial share. Set here rather than in addopts, which would
     break a run without the plugin (``-p no:xdist``)."""
