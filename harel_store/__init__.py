@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# Each public name is imported from its module when first asked for (PEP 562): a process
-# that needs part of the package (the CLI, Alembic's env, a child program) imports that part.
+# Each public name is imported from its module when first asked for (PEP 562), and so is a
+# submodule asked for as an attribute: a process that needs part of the package (the CLI,
+# Alembic's env, a child program) imports that part.
 _MODULE_OF = {
     "ArmedTimer": "harel_store.models",
     "AsyncFleet": "harel_store.fleet",
@@ -80,9 +81,17 @@ _MODULE_OF = {
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
+    if name in _MODULE_OF:
+        value = getattr(import_module(_MODULE_OF[name]), name)
+    elif name.startswith("__"):  # probes of tools (__wrapped__ ...): no import tried
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_MODULE_OF[name]), name)
+    else:  # a submodule, as `harel_store.store.StoreStats` (once importing all made it one)
+        try:
+            value = import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # a module it needs is missing, not the name
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     globals()[name] = value
     return value
 

@@ -62,6 +62,31 @@ def test_every_public_name_resolves_once_asked_for() -> None:
         from harel_store import Nope  # type: ignore[attr-defined]  # noqa: F401
 
 
+def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
+    """`import harel_store` once imported every module, so `harel_store.store.StoreStats`
+    worked (the docs name it so): it still does, a module imported when asked for; a module
+    that a submodule needs and that is missing is said, not hidden as a missing attribute."""
+    code = (
+        "import harel_store\n"
+        "print(harel_store.store.StoreStats.__name__, harel_store.errors.StoreError.__name__)\n"
+        "try:\n    harel_store.nope\n"
+        "except AttributeError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "StoreStats StoreError",
+        "module 'harel_store' has no attribute 'nope'",
+    ]
+    code = (
+        "import sys; sys.modules['pydantic'] = None  # as if it were not installed\n"
+        "import harel_store\n"
+        "try:\n    harel_store.models\n"
+        "except ModuleNotFoundError as exc:\n    print(exc.name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["pydantic"]
+
+
 def test_migrate_with_nothing_to_do_runs_no_alembic(tmp_path: Path) -> None:
     db = tmp_path / "at.db"
     LibsqlStore(db).close()
