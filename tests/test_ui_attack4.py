@@ -214,17 +214,18 @@ def test_merged_pages_match_a_fresh_load(tmp_path: Path, serve: Any, context: An
         before = refreshed(page)
         assert writer.discard_dead_letter("outbox", seq["tb"])
         wait_refreshed(page, before)
-        assert "no dead letter" in content_of(page)
         converges(page, context, console.url + "dead")
+        assert "no dead letter" in content_of(page)
 
         page.goto(console.url + "executions/sender")
         before = watch_live(page)
+        # Each step waited for as it shows (a swap counted may be a refresh read before it).
+        steps = "document.querySelectorAll('svg.timeline g.step').length === "
         writer.append_trace("sender", {"event": "go", "transition": "a -> b"})
-        wait_refreshed(page, before)
-        before = refreshed(page)
+        page.wait_for_function(steps + "1", timeout=LIVE)
         writer.append_trace("sender", {"event": "stop", "transition": "b -> c"})
-        wait_refreshed(page, before)
-        assert page.locator("svg.timeline g.step").count() == 2
+        page.wait_for_function(steps + "2", timeout=LIVE)
+        assert refreshed(page) > before and page.evaluate("window.marker") == "kept"  # swaps
         converges(page, context, console.url + "executions/sender")
 
 
