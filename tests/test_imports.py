@@ -43,17 +43,21 @@ def probe(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[dic
     return json.loads(last), "\n".join(printed) + result.stderr
 
 
+def printed(code: str) -> list[str]:
+    """The lines ``code`` prints, run in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
 def test_importing_the_package_imports_none_of_its_modules() -> None:
     prefixes = "('harel_store.', 'pydantic', 'asyncio')"
     code = f"import sys, harel_store; print([m for m in sys.modules if m.startswith({prefixes})])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert printed(code) == ["[]"]
 
 
 def test_every_public_name_resolves_once_asked_for() -> None:
     code = "import harel_store as h; print(all(getattr(h, n) is getattr(h, n) for n in h.__all__))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert printed(code) == ["True"]
     assert set(harel_store.__all__) <= set(dir(harel_store))
     assert harel_store.LibsqlStore.__module__ == "harel_store.store"
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
@@ -72,8 +76,7 @@ def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
         "try:\n    harel_store.nope\n"
         "except AttributeError as exc:\n    print(exc)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == [
+    assert printed(code) == [
         "StoreStats StoreError",
         "module 'harel_store' has no attribute 'nope'",
     ]
@@ -83,8 +86,7 @@ def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
         "try:\n    harel_store.models\n"
         "except ModuleNotFoundError as exc:\n    print(exc.name)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["pydantic"]
+    assert printed(code) == ["pydantic"]
 
 
 def test_migrate_with_nothing_to_do_runs_no_alembic(tmp_path: Path) -> None:
