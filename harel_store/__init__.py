@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -83,17 +84,21 @@ _MODULE_OF = {
 def __getattr__(name: str) -> Any:
     if name in _MODULE_OF:
         value = getattr(import_module(_MODULE_OF[name]), name)
-    elif name.startswith("__"):  # probes of tools (__wrapped__ ...): no import tried
+    elif name in _submodules():  # as `harel_store.store.StoreStats` (importing all made one)
+        value = import_module(f"{__name__}.{name}")
+    else:  # a tool's probe (__wrapped__, _repr_html_), a dotted or odd name: nothing imported
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    else:  # a submodule, as `harel_store.store.StoreStats` (once importing all made it one)
-        try:
-            value = import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise  # a module it needs is missing, not the name
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     globals()[name] = value
     return value
+
+
+@functools.cache
+def _submodules() -> frozenset[str]:
+    """The package's own modules and packages (a folder without ``__init__``, as the wheel's
+    migrations, is none); ``__main__`` (it runs the CLI) is not one."""
+    import pkgutil
+
+    return frozenset(m.name for m in pkgutil.iter_modules(__path__)) - {"__main__"}
 
 
 def __dir__() -> list[str]:

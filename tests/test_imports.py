@@ -73,11 +73,16 @@ def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
     code = (
         "import harel_store\n"
         "print(harel_store.store.StoreStats.__name__, harel_store.errors.StoreError.__name__)\n"
+        "names = sorted(vars(harel_store))\n"
+        "odd = ('nope', 'a.b', '..x', '', '__main__', '_repr_html_', 'connection.http')\n"
+        "print([hasattr(harel_store, name) for name in odd], sorted(vars(harel_store)) == names)\n"
         "try:\n    harel_store.nope\n"
         "except AttributeError as exc:\n    print(exc)\n"
     )
     assert printed(code) == [
         "StoreStats StoreError",
+        # an AttributeError each, nothing imported or kept (__main__ would run the CLI)
+        f"{[False] * 7} True",
         "module 'harel_store' has no attribute 'nope'",
     ]
     code = (

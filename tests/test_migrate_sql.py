@@ -195,19 +195,23 @@ def test_a_range_is_printed_without_reading_any_database(tmp_path: Path) -> None
         "head:base": (downs(HEAD, "0001"), ALL_DOWN),
     }
     # Every span from the junk file; one span each from a server nothing answers at and from
-    # the default database (absent: read, it would be at base, so its span starts elsewhere):
-    # a range reads none of them, whichever it is.
-    runs = [(["--url", str(junk)], span) for span in cases]
-    runs += [(["--url", "http://127.0.0.1:1"], "0005:0003"), ([], "0004:head")]
-    for where, span in runs:
+    # the default database (harel.db in the working folder, junk too): a range reads none.
+    here = tmp_path / "here"
+    here.mkdir()
+    default = here / "harel.db"
+    default.write_text("not a database, " * 200)
+    default_before = snapshot(default)
+    runs = [(["--url", str(junk)], span, tmp_path) for span in cases]
+    runs += [(["--url", "http://127.0.0.1:1"], "0005:0003", tmp_path), ([], "0004:head", here)]
+    for where, span, cwd in runs:
         expected, revisions = cases[span]
-        statements, versions, _ = parse(
-            ok(cli("migrate", "--sql", "--to", span, *where, cwd=tmp_path))
-        )
+        statements, versions, _ = parse(ok(cli("migrate", "--sql", "--to", span, *where, cwd=cwd)))
         assert statements == expected, (span, where)
         assert moves(versions) == revisions, (span, where)
     untouched(junk, before)
-    assert [p.name for p in tmp_path.iterdir()] == ["junk.db"]
+    untouched(default, default_before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "junk.db"]
+    assert [p.name for p in here.iterdir()] == ["harel.db"]
 
 
 @pytest.mark.parametrize(
