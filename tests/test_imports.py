@@ -4,6 +4,7 @@ process, and a test run starts ~1,600 of them)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -123,3 +124,20 @@ def test_migrate_on_a_server_imports_no_alembic_in_the_command_itself(
     assert result == {"status": 0, "imported": []}
     assert said.strip().endswith(f"schema at revision {HEAD} (head {HEAD})")
     assert server.token not in said
+
+
+def test_the_lazy_table_names_what_type_checkers_see() -> None:
+    """`_MODULE_OF` and the `TYPE_CHECKING` imports list the same names from the same modules
+    (mypy reads the one, Python the other) and the public names."""
+    tree = ast.parse(Path(harel_store.__file__).read_text(encoding="utf-8"))
+    (block,) = [
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    ]
+    typed = {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == harel_store._MODULE_OF
+    assert set(typed) == set(harel_store.__all__)
