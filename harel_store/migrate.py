@@ -353,12 +353,10 @@ def bounded_elsewhere() -> bool:
         _bounded = False
         if parent:
             # Linked first, then checked: a parent that ends in between is seen gone.
-            if sys.platform == "linux":
-                ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+            _on_parent_death(int(signal.SIGKILL))
             _bounded = parent == str(os.getppid())
             if not _bounded:
-                if sys.platform == "linux":
-                    ctypes.CDLL(None).prctl(1, 0)  # linked to nothing again
+                _on_parent_death(0)  # linked to nothing again
                 shown = repr(parent[:20]) + ("..." if len(parent) > 20 else "")
                 raise ValueError(
                     f"${PARENT} ({shown}) does not name the parent of this process: it is"
@@ -369,6 +367,12 @@ def bounded_elsewhere() -> bool:
 
 
 _bounded: bool | None = None  # what bounded_elsewhere() read
+
+
+def _on_parent_death(signal_number: int) -> None:
+    """The signal this process gets when its parent ends (0: none); Linux only."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal_number)  # PR_SET_PDEATHSIG
 
 
 # The watchdog: a second Python, waiting for its stdin to close (the work is over, or this
