@@ -225,7 +225,7 @@ def test_merged_pages_match_a_fresh_load(tmp_path: Path, serve: Any, context: An
         page.wait_for_function(steps + "1", timeout=LIVE)
         writer.append_trace("sender", {"event": "stop", "transition": "b -> c"})
         page.wait_for_function(steps + "2", timeout=LIVE)
-        assert refreshed(page) > before and page.evaluate("window.marker") == "kept"  # swaps
+        test_ui_browser.swapped_in_place(page, before)
         converges(page, context, console.url + "executions/sender")
 
 
