@@ -99,6 +99,7 @@ TARGETS = {
         "timer lateness p99 ms": "<= 15",
         "idle CPU of the workers %": "<= 1",
         "orders/s": ">= 300",
+        "ceiling, all cores / CPU an order: orders/s": ">= 300",
     },
     "sqld/sync": {
         "end to end p50 ms": "<= 30",
@@ -106,7 +107,11 @@ TARGETS = {
         "timer lateness p99 ms": "<= 30",
         "idle CPU of sqld %": "<= 1",
     },
-    "link/async": {"orders/s": ">= 120", "end to end p50 round trips": "<= 12"},
+    "link/async": {
+        "orders/s": ">= 120",
+        "ceiling, all cores / CPU an order: orders/s": ">= 120",
+        "end to end p50 round trips": "<= 12",
+    },
 }
 
 
@@ -167,8 +172,8 @@ def workers(where: Topology, relay: str, log: Path, count: bool = False) -> Iter
 
 def submit(
     where: Topology, prefix: str, log: Path, orders: int, concurrency: int, count: bool = False
-) -> float:
-    """Run the submitter; the seconds its orders took."""
+) -> tuple[float, float]:
+    """Run the submitter; the seconds its orders took, and its CPU seconds meanwhile."""
     options = ["--orders", str(orders), "--concurrency", str(concurrency)]
     options += ["--count"] if count else []
     if concurrency == 1:
@@ -184,7 +189,8 @@ def submit(
     )
     if done.returncode:
         raise RuntimeError(f"the submitter failed:\n{done.stderr[-3000:]}")
-    return float(done.stdout.split()[-1])
+    took, cpu = done.stdout.split()[-2:]
+    return float(took), float(cpu)
 
 
 def latency_figures(log: Path, figures: dict[str, float]) -> None:
@@ -233,10 +239,17 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
         with workers(where, relay, tp_log, count) as procs:
             time.sleep(0.3)
             before = on.link.requests() if link and on else 0
-            took = submit(where, "tp", tp_log, throughput_n, plan.concurrency, count)
+            others = {f"worker {i}": p.proc.pid for i, p in enumerate(procs)}
+            if on is not None:
+                others |= {"sqld": on.srv.pid} | ({"link proxy": on.link.proc.pid} if link else {})
+            began = {name: cpu_seconds(pid) for name, pid in others.items()}
+            took, submitter = submit(where, "tp", tp_log, throughput_n, plan.concurrency, count)
+            used = {"submitter": submitter}
+            used |= {name: cpu_seconds(others[name]) - at for name, at in began.items()}
             figures["orders/s"] = throughput_n / took
             if link and on is not None:
                 figures["requests an order"] = (on.link.requests() - before) / throughput_n
+            cpu_figures(used, throughput_n, figures)
             time.sleep(1.5)  # the last reminders fire; then idle
             pids = [p.proc.pid for p in procs]
             server = on.srv.pid if on is not None else None
@@ -251,6 +264,20 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
         if count:
             transaction_figures(tp_log, throughput_n, figures)
     return figures
+
+
+def cpu_figures(used: dict[str, float], orders: int, figures: dict[str, float]) -> None:
+    """The CPU an order of each process of a throughput run, while its orders ran (the
+    workers and a server from the submitter's start to its end), and the orders/s of every
+    core of the machine busy at that CPU an order: a ceiling of this machine, whatever a
+    store's waits."""
+    total = 0.0
+    for name, seconds in used.items():
+        figures[f"CPU an order: {name} ms"] = seconds / orders * 1e3
+        total += seconds
+    figures["ceiling, all cores / CPU an order: orders/s"] = (
+        len(os.sched_getaffinity(0)) / (total / orders) if total else 0.0
+    )
 
 
 def transaction_figures(log: Path, orders: int, figures: dict[str, float]) -> None:

@@ -554,7 +554,7 @@ def engine_run(code: Path, plan: engine.Plan, settle: float, tmp: Path) -> dict[
         time.sleep(settle)  # the last reminders fire
         pids = [proc.proc.pid for proc in procs]
         cpu = sum(cpu_seconds(pid) for pid in pids)
-        took = engine.submit(where, "tp", tp_log, plan.throughput, plan.concurrency)
+        took, _ = engine.submit(where, "tp", tp_log, plan.throughput, plan.concurrency)
         cpu = sum(cpu_seconds(pid) for pid in pids) - cpu
     figures["orders/s"] = plan.throughput / took
     figures["workers' CPU an order ms"] = cpu / plan.throughput * 1e3

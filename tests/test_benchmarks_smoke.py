@@ -58,6 +58,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "before: libsql replica open + sync + close",
         "3. Group commit on the remote primary, 20 ms link",
         "async commits/s, 128 tasks",
+        "ceiling, 32 tasks / a bare round trip",
+        "sqld's CPU a commit alone at 128 tasks",
         "version = commits returned = markers = steps",
         "reads/s, 32 tasks / 32 bare keep-alive connections",
         "4. Event-loop lag: a 1 ms ticker's delay, p99 and max / idle",
@@ -103,6 +105,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "link/async\n",
         "end to end p50 round trips",
         "requests an order",
+        "CPU an order: submitter ms",
+        "CPU an order: link proxy ms",
+        "ceiling, all cores / CPU an order: orders/s",
         "smoke run, JSON not written",
     ),
     "retention": (
