@@ -239,17 +239,19 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
         with workers(where, relay, tp_log, count) as procs:
             time.sleep(0.3)
             before = on.link.requests() if link and on else 0
-            others = {f"worker {i}": p.proc.pid for i, p in enumerate(procs)}
-            if on is not None:
-                others |= {"sqld": on.srv.pid} | ({"link proxy": on.link.proc.pid} if link else {})
-            began = {name: cpu_seconds(pid) for name, pid in others.items()}
+            pid_of = {f"worker {i}": p.proc.pid for i, p in enumerate(procs)}
+            if on is not None and on.srv.pid is not None:
+                pid_of["sqld"] = on.srv.pid
+            if link and on is not None:
+                pid_of["link proxy"] = on.link.proc.pid
+            cpu_at = {process: cpu_seconds(pid) for process, pid in pid_of.items()}
             took, submitter = submit(where, "tp", tp_log, throughput_n, plan.concurrency, count)
-            used = {"submitter": submitter}
-            used |= {name: cpu_seconds(others[name]) - at for name, at in began.items()}
+            cpu = {"submitter": submitter}
+            cpu |= {process: cpu_seconds(pid_of[process]) - at for process, at in cpu_at.items()}
             figures["orders/s"] = throughput_n / took
             if link and on is not None:
                 figures["requests an order"] = (on.link.requests() - before) / throughput_n
-            cpu_figures(used, throughput_n, figures)
+            cpu_figures(cpu, throughput_n, figures)
             time.sleep(1.5)  # the last reminders fire; then idle
             pids = [p.proc.pid for p in procs]
             server = on.srv.pid if on is not None else None

@@ -228,7 +228,9 @@ def submit(db: str, prefix: str, orders: int, concurrency: int, gap: float) -> N
 
     def place(i: int) -> None:
         order = Execution(id=f"{prefix}-{i}", definition_id="order", context={"joined": []})
-        spawns = [(f"{order.id}.{name}", name, {}) for name in CHILDREN]
+        spawns: list[tuple[str, str, dict[str, Any]]] = [
+            (f"{order.id}.{name}", name, {}) for name in CHILDREN
+        ]
         placed = now()
         wall = time.time()
         timers = [

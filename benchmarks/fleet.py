@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import subprocess
 import sys
 import tempfile
@@ -121,8 +122,12 @@ def main() -> None:
                 single.save(Execution(id=exe.id, definition_id="d"))
             for label, newest in (("by id", False), ("newest first", True)):
                 pages = {
-                    "fleet": lambda n=newest: fleet.list_executions(limit=100, newest_first=n),
-                    "single": lambda n=newest: single.list_executions(limit=100, newest_first=n),
+                    "fleet": functools.partial(
+                        fleet.list_executions, limit=100, newest_first=newest
+                    ),
+                    "single": functools.partial(
+                        single.list_executions, limit=100, newest_first=newest
+                    ),
                 }
                 shown = [[s.id for s in page().items] for page in pages.values()]
                 assert shown[0] == shown[1], "the fleet's page is not the store's"

@@ -245,6 +245,8 @@ def relay_child(job: dict[str, Any]) -> None:
     seed(path, ["A"] * job["burst"])
     store = LibsqlStore(path, migrate=False)
     targets = {name: store.load(name) for name in ("A", "B")}
+    if None in targets.values():
+        raise RuntimeError("the trickle's targets A and B are not in the database")
     starts: dict[str, float] = {}
     handled: dict[str, set[str]] = {"A": set(), "B": set()}
     claims: list[tuple[float, int]] = []
@@ -273,6 +275,7 @@ def relay_child(job: dict[str, Any]) -> None:
         starts.setdefault(entry.event.id, start)
         target = entry.target_id or ""
         exe = targets[target]
+        assert exe is not None
         store.commit(exe, [], processed_event_id=entry.event.id, acks=(entry,))
         handled[target].add(entry.event.id)
         if target == "A" and len(handled["A"]) == job["burst"] and not drained:
@@ -342,7 +345,7 @@ def ops_child(job: dict[str, Any]) -> None:
     on its own, as JSON: the seconds and the WAL pages appended of each call, by call."""
     path = job["path"]
     with LibsqlStore(path, synchronous="NORMAL") as store:
-        conn = store._conn.db  # the store's own connection: another library's would unlink the WAL
+        conn = store._conn.db  # type: ignore[attr-defined]  # the store's own connection: another library's would unlink the WAL
         conn.execute("PRAGMA wal_autocheckpoint = 0", ())
         ((page,),) = conn.execute("PRAGMA page_size", ()).fetchall()
         source = Execution(id="source", definition_id="flows-bench")
@@ -356,7 +359,7 @@ def ops_child(job: dict[str, Any]) -> None:
             times: dict[str, list[float]] = {op: [] for op in OPS}
             pages: dict[str, list[int]] = {op: [] for op in OPS}
             for _ in range(int(line)):
-                n, hop = next(hops), []
+                n, hop = next(hops), list[tuple[float, int]]()
                 timed(wal, page, hop, store.commit, source, [("A", Event(name="n", id=f"e-{n}"))])
                 held = timed(wal, page, hop, store.claim_work, WORKER, time.time()).outbox
                 if len(held) != 1:
@@ -364,6 +367,7 @@ def ops_child(job: dict[str, Any]) -> None:
                 event = held[0].event.id
                 timed(wal, page, hop, store.commit, target, [], event, acks=held)
                 timed(wal, page, hop, store.peek_work, time.time())
+                spawns: list[tuple[str, str, dict[str, Any]]]
                 spawns = [(f"c-{n}-{k}", "child", {}) for k in range(2)]
                 timers = [TimerOp.schedule("t", 1e9 + n)]  # never due
                 timed(wal, page, hop, store.commit, source, [], spawns=spawns, timers=timers)
@@ -412,10 +416,10 @@ def bench_claims(report: Report, plan: Plan, codes: dict[str, Path], tmp: Path) 
                 procs[name].send(str(plan.calls))
                 samples[name] += json.loads(procs[name].line(300))
     us = {name: statistics.median(times) * 1e6 for name, times in samples.items()}
-    fifo, plain, flowed = us
+    fifo, plain, with_flows = us  # the variants, in order
     seeded = ", ".join(f"{r['seeded']:.1f}" for r in ready.values())
     print(f"    seeded in {seeded} s; keys in a claim: {[r['keys'] for r in ready.values()]}")
-    for name, target in ((plain, "<= 1.5"), (flowed, "<= 2")):
+    for name, target in ((plain, "<= 1.5"), (with_flows, "<= 2")):
         ratio = us[name] / us[fifo]
         report.add(
             f"claim_outbox {name} / FIFO",
