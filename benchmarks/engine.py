@@ -99,7 +99,6 @@ TARGETS = {
         "timer lateness p99 ms": "<= 15",
         "idle CPU of the workers %": "<= 1",
         "orders/s": ">= 300",
-        "ceiling, all cores / CPU an order: orders/s": ">= 300",
     },
     "sqld/sync": {
         "end to end p50 ms": "<= 30",
@@ -109,7 +108,6 @@ TARGETS = {
     },
     "link/async": {
         "orders/s": ">= 120",
-        "ceiling, all cores / CPU an order: orders/s": ">= 120",
         "end to end p50 round trips": "<= 12",
     },
 }
@@ -269,10 +267,11 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
 
 
 def cpu_figures(used: dict[str, float], orders: int, figures: dict[str, float]) -> None:
-    """The CPU an order of each process of a throughput run, while its orders ran (the
-    workers and a server from the submitter's start to its end), and the orders/s of every
-    core of the machine busy at that CPU an order: a ceiling of this machine, whatever a
-    store's waits."""
+    """The CPU an order of each process of a throughput run (the submitter's while its
+    orders ran; the workers', a server's and a link's from the submitter's start to its end,
+    idle while it starts), and the orders/s of every core of the machine busy at that CPU an
+    order: the ceiling of this run's CPU an order (with the machine's speed that day), under
+    which waits or a lock keep the rate. Not a target: no verdict."""
     total = 0.0
     for name, seconds in used.items():
         figures[f"CPU an order: {name} ms"] = seconds / orders * 1e3

@@ -580,17 +580,29 @@ RATE_TARGETS = {32: 1_400, 128: 3_000}
 
 
 async def ceilings(report: Report, runs: dict[str, Run], on: Served) -> None:
-    """What no store reaches on this machine and link, beside issue 51's rates (a ceiling
-    under its target: the target cannot be met here, whatever the store does):
+    """Ceilings of this run beside issue 51's rates (no verdict: a ceiling is not a target),
+    to say where a rate's time goes:
 
-    - Little's law: tasks that each wait for their commit make at most one commit a task a
-      round trip: N / a bare request's time on the link, and N x the rate of one task (a
-      commit carried with others takes no less time than a lone one);
-    - the CPU: every core busy with sqld, the client and the link's proxy at what each
-      spent a commit in the run of N tasks, and with sqld's share alone (a client and a
-      proxy that cost nothing)."""
+    - latency: tasks that each wait for their commit make at most one commit a task a
+      round trip (Little's law): N / the fastest of 20 bare requests through the link; and,
+      an estimate, N x the rate of one task (if a commit carried with others took as long
+      as a lone one);
+    - CPU: every core busy at what sqld, the client (this process: the store, and the
+      benchmark's 1 ms ticker) and the link's proxy spent a commit in the run of N tasks;
+      and sqld's CPU alone. These move with the machine's speed on the day and with the
+      store's own CPU a commit: not what the machine can ever do."""
+
+    def fastest(http: Any, calls: int) -> float:
+        request, times = bare_request(http), []
+        request()  # the connection
+        for _ in range(calls):
+            start = time.perf_counter()
+            request()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
     with contextlib.closing(client(on.link.url, on.srv.token)) as http:
-        rtt = (await asyncio.to_thread(medians, {"bare": (bare_request(http), 10)}))["bare"]
+        rtt = await asyncio.to_thread(fastest, http, 20)
     cores = len(os.sched_getaffinity(0))
     by_tasks = {run.tasks: run for label, run in runs.items() if "link" in label}
     lone = by_tasks[1].commits / by_tasks[1].seconds
@@ -601,14 +613,19 @@ async def ceilings(report: Report, runs: dict[str, Run], on: Served) -> None:
         )
         cpu = f"sqld {server * 1e3:.2f} + client {client_ * 1e3:.2f} + link {link * 1e3:.2f} ms"
         rows = {
-            f"ceiling, {tasks} tasks / a bare round trip ({rtt * 1e3:.1f} ms)": tasks / rtt,
-            f"ceiling, {tasks} x the rate of 1 task": tasks * lone,
-            f"ceiling, {cores} cores / CPU a commit at {tasks} tasks ({cpu})": cores
-            / (server + client_ + link),
-            f"ceiling, {cores} cores / sqld's CPU a commit alone at {tasks} tasks": cores / server,
+            f"ceiling, {tasks} tasks / the fastest bare round trip ({rtt * 1e3:.1f} ms)": (
+                tasks / rtt
+            ),
+            f"estimate, {tasks} x the rate of 1 task": tasks * lone,
+            f"ceiling, {cores} cores / CPU a commit at {tasks} tasks ({cpu})": (
+                cores / (server + client_ + link)
+            ),
+            f"ceiling, {cores} cores / sqld's CPU a commit alone at {tasks} tasks": (
+                cores / server if server else 0.0
+            ),
         }
         for label, ceiling in rows.items():
-            report.add(label, f"{ceiling:,.0f}/s", goal, ceiling >= target, ceiling=ceiling)
+            report.add(label, f"{ceiling:,.0f}/s", goal, None, ceiling=ceiling)
 
 
 async def async_part(report: Report, plan: Plan, on: Served, tmp: Path) -> None:

@@ -58,7 +58,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "before: libsql replica open + sync + close",
         "3. Group commit on the remote primary, 20 ms link",
         "async commits/s, 128 tasks",
-        "ceiling, 32 tasks / a bare round trip",
+        "ceiling, 32 tasks / the fastest bare round trip",
         "sqld's CPU a commit alone at 128 tasks",
         "version = commits returned = markers = steps",
         "reads/s, 32 tasks / 32 bare keep-alive connections",
