@@ -58,7 +58,7 @@ from benchmarks.harness import (
     archive,
     bare_request,
     client,
-    cpu_seconds,
+    cpu_spent,
     medians,
     meets,
     mode,
@@ -242,25 +242,21 @@ def measure(name: str, relay: str, code: Path, plan: Plan, tmp: Path) -> dict[st
                 pid_of["sqld"] = on.srv.pid
             if link and on is not None:
                 pid_of["link proxy"] = on.link.proc.pid
-            cpu_at = {process: cpu_seconds(pid) for process, pid in pid_of.items()}
-            took, submitter = submit(where, "tp", tp_log, throughput_n, plan.concurrency, count)
-            cpu = {"submitter": submitter}
-            cpu |= {process: cpu_seconds(pid_of[process]) - at for process, at in cpu_at.items()}
+            with cpu_spent(pid_of) as cpu:
+                took, submitter = submit(where, "tp", tp_log, throughput_n, plan.concurrency, count)
             figures["orders/s"] = throughput_n / took
             if link and on is not None:
                 figures["requests an order"] = (on.link.requests() - before) / throughput_n
-            cpu_figures(cpu, throughput_n, figures)
+            cpu_figures({"submitter": submitter} | cpu, throughput_n, figures)
             time.sleep(1.5)  # the last reminders fire; then idle
-            pids = [p.proc.pid for p in procs]
-            server = on.srv.pid if on is not None else None
-            start = {pid: cpu_seconds(pid) for pid in [*pids, *([server] if server else [])]}
             began = time.monotonic()
-            time.sleep(plan.idle_s)
+            with cpu_spent(pid_of) as idle:
+                time.sleep(plan.idle_s)
             spent = time.monotonic() - began
-            used = {pid: cpu_seconds(pid) - at for pid, at in start.items()}
-            figures["idle CPU of the workers %"] = sum(used[p] for p in pids) / spent * 100
-            if server is not None:
-                figures["idle CPU of sqld %"] = used[server] / spent * 100
+            workers_cpu = sum(s for process, s in idle.items() if process.startswith("worker"))
+            figures["idle CPU of the workers %"] = workers_cpu / spent * 100
+            if "sqld" in idle:
+                figures["idle CPU of sqld %"] = idle["sqld"] / spent * 100
         if count:
             transaction_figures(tp_log, throughput_n, figures)
     return figures

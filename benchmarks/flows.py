@@ -72,7 +72,7 @@ os.environ.setdefault("RUST_LOG", "off")  # read once, at import: keep libsql's 
 import libsql
 
 from benchmarks import engine
-from benchmarks.harness import ROOT, Child, Report, cpu_seconds, mode, parser, quantile
+from benchmarks.harness import ROOT, Child, Report, cpu_spent, mode, parser, quantile
 from harel_store import Event, Execution, LibsqlStore, OutboxEntry, Relay, TimerOp
 
 BASELINE = "e3ed20a"  # the revision before flow control: FIFO claims
@@ -556,12 +556,10 @@ def engine_run(code: Path, plan: engine.Plan, settle: float, tmp: Path) -> dict[
         time.sleep(settle)  # the workers' first look is done: they wait
         engine.submit(where, "lat", lat_log, plan.latency, 1)
         time.sleep(settle)  # the last reminders fire
-        pids = [proc.proc.pid for proc in procs]
-        cpu = sum(cpu_seconds(pid) for pid in pids)
-        took, _ = engine.submit(where, "tp", tp_log, plan.throughput, plan.concurrency)
-        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu
+        with cpu_spent({str(i): proc.proc.pid for i, proc in enumerate(procs)}) as cpu:
+            took, _ = engine.submit(where, "tp", tp_log, plan.throughput, plan.concurrency)
     figures["orders/s"] = plan.throughput / took
-    figures["workers' CPU an order ms"] = cpu / plan.throughput * 1e3
+    figures["workers' CPU an order ms"] = sum(cpu.values()) / plan.throughput * 1e3
     # The end to end figures are the latency orders' (in their log, the submitter's records);
     # the workers' records (the hops) count the throughput orders' too.
     engine.latency_figures(lat_log, figures)

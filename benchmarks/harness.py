@@ -139,6 +139,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextlib.contextmanager
+def cpu_spent(pids: dict[str, int]) -> Iterator[dict[str, float]]:
+    """The CPU seconds each process of ``pids`` (by name) spent within the block: the dict
+    yielded, filled as the block ends."""
+    began = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    spent: dict[str, float] = {}
+    yield spent
+    spent.update({name: cpu_seconds(pids[name]) - at for name, at in began.items()})
+
+
 # --- the report ---
 
 

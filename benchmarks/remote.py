@@ -60,7 +60,7 @@ from benchmarks.harness import (
     Served,
     bare_request,
     client,
-    cpu_seconds,
+    cpu_spent,
     medians,
     mode,
     parser,
@@ -243,12 +243,11 @@ async def commit_run(
     slowest = 0.0
     before = await asyncio.to_thread(link.requests) if link else 0
     pids = {"server": server, "link": link.proc.pid if link else None}
-    began = {name: (pid, cpu_seconds(pid)) for name, pid in pids.items() if pid is not None}
-    cpu = time.process_time()
-    timed = asyncio.ensure_future(in_tasks(tasks, commit, seconds))
-    delays = await ticked(timed)
-    (commits, took), cpu = timed.result(), time.process_time() - cpu
-    used = {name: cpu_seconds(pid) - at for name, (pid, at) in began.items()}
+    with cpu_spent({name: pid for name, pid in pids.items() if pid is not None}) as used:
+        cpu = time.process_time()
+        timed = asyncio.ensure_future(in_tasks(tasks, commit, seconds))
+        delays = await ticked(timed)
+        (commits, took), cpu = timed.result(), time.process_time() - cpu
     requests = await asyncio.to_thread(link.requests) - before if link else 0
     run = Run(tasks, returned, commits, took, cpu, slowest, requests, delays)
     run.server_cpu, run.link_cpu = used.get("server", 0.0), used.get("link", 0.0)
