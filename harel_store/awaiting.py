@@ -20,7 +20,6 @@ while the database's clock stepped back by more.)
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import os
@@ -28,11 +27,14 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from harel_store.errors import StoreError
 from harel_store.models import Execution
 from harel_store.wakeup import EXECUTION, PACE, Waiter
+
+if TYPE_CHECKING:
+    import asyncio
 
 # The longest the reader waits for a signal before it reads every waited execution anyway (a
 # missed one costs this), and that wait's longest while the watch is live; how long the

@@ -21,14 +21,20 @@ did not come with it): its waiters make their own.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from harel_store.lazy import Lazy
+
+if TYPE_CHECKING:
+    import asyncio
+else:
+    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 # What a signal says changed. The first three are new work of that kind for the relays (an
 # emit, a spawn, an armed timer); EXECUTION: an execution was written; ANY: something may

@@ -95,6 +95,47 @@ def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
     assert printed(code) == ["pydantic"]
 
 
+def test_a_sync_store_and_a_cli_command_import_no_asyncio(tmp_path: Path) -> None:
+    """A process that runs no loop imports no asyncio (`harel_store.lazy`), through a sync
+    store's whole path (a commit, reads, wait_for, a claim and an ack, a server's HTTP
+    client's request) and a CLI command; the first async use imports it then."""
+    db = tmp_path / "LibsqlStore.db"
+    code = f"""
+import sys
+from harel_store import Event, Execution, LibsqlStore, SqliteStore
+from harel_store.connection.http import Client, ConnectFailed
+for kind in (LibsqlStore, SqliteStore):  # one library a file
+    with kind(f"{tmp_path}/{{kind.__name__}}.db") as store:
+        exe = Execution(id=kind.__name__, definition_id="d", status="finished")
+        store.commit(exe, [(None, Event(name="e"))], timers=[])
+        store.wait_for(exe.id, timeout=5)
+        store.ack(store.claim_outbox("w", limit=10))
+        assert store.list_executions().items
+client = Client("http://127.0.0.1:9", headers={{}}, timeout=1, ssl_context=None)
+try:
+    client.post("/v2/pipeline", b"{{}}")  # nothing listens on port 9: refused
+except ConnectFailed:
+    pass
+client.close()
+print("asyncio" in sys.modules)
+from harel_store import AsyncLibsqlStore
+import asyncio
+async def main():
+    async with await AsyncLibsqlStore.create({str(db)!r}) as store:
+        return (await store.load("LibsqlStore")).status
+print(asyncio.run(main()))
+"""
+    assert printed(code) == ["False", "finished"]
+    result, said = probe("status", "--url", str(db), cwd=tmp_path)
+    assert result["status"] == 0 and said
+    code = _PROBE.replace('"harel_store.relay"', '"harel_store.relay", "asyncio"')
+    out = subprocess.run(
+        [sys.executable, "-c", code, "status", "--url", str(db)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout.splitlines()[-1]) == {"status": 0, "imported": []}
+
+
 def test_migrate_with_nothing_to_do_runs_no_alembic(tmp_path: Path) -> None:
     db = tmp_path / "at.db"
     LibsqlStore(db).close()

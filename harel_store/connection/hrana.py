@@ -10,7 +10,6 @@ failed). The sync and the async client share the wire format; only the sending d
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import collections
 import contextlib
@@ -22,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
 from decimal import ROUND_DOWN, Context, Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
@@ -30,6 +29,12 @@ from harel_store.connection import http
 from harel_store.connection.url import server_key
 from harel_store.connection.watch import ListenWatch
 from harel_store.errors import OutcomeUnknown, StoreBusy, StoreError, scrub, translate
+from harel_store.lazy import Lazy
+
+if TYPE_CHECKING:
+    import asyncio
+else:
+    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 _GUARD = statement("guard_changed")
 

@@ -14,7 +14,6 @@ within the request's deadline; credentials in the proxy's URL go as ``Proxy-Auth
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import ipaddress
@@ -29,9 +28,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
 from urllib.request import getproxies_environment
+
+from harel_store.lazy import Lazy
+
+if TYPE_CHECKING:
+    import asyncio
+else:
+    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 __all__ = [
     "AsyncClient",
