@@ -4,15 +4,15 @@ a few percent in the write path shows. Not a test.
 
     python -m benchmarks.instructions                 # this tree against HEAD~1
     python -m benchmarks.instructions --against REV   # this tree against another revision
-    python -m benchmarks.instructions --smoke         # that it works: one row, one run (~15 s)
+    python -m benchmarks.instructions --smoke         # that it works: one row, one run (~6 s)
 
 Each figure is (instructions of 400 commits - those of 100) / 300, so start-up and imports
 cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer schedule and
 (with trace) one trace step. The other revision, exported with ``git archive``, runs on the
-same interpreter. ``--smoke``: sqlite without trace only, one run of 2 commits (this tree
-only, against itself: one callgrind run, nothing subtracted, so its figure says nothing;
-HEAD's tree is exported all the same; this tree without OpenTelemetry runs once, not under
-valgrind).
+same interpreter. ``--smoke``: sqlite without trace only, one run of 2 commits, this
+tree's, under callgrind with its instrumentation off (that it runs and writes its totals:
+no figure); HEAD's tree is exported all the same; this tree without OpenTelemetry runs
+once, not under valgrind.
 """
 
 from __future__ import annotations
@@ -48,10 +48,15 @@ for i in range(n):
 ROWS = [(driver, trace) for driver in ("sqlite", "libsql") for trace in ("trace", "no-trace")]
 
 
-def instructions(tree: Path, driver: str, trace: str, commits: int, *more: str) -> int:
+def instructions(
+    tree: Path, driver: str, trace: str, commits: int, *more: str, counted: bool = True
+) -> int:
+    """Instructions of a run of ``commits`` commits; uncounted (callgrind's instrumentation
+    off: ~5 s of a core, not ~23), its totals line is still read, and says 0."""
+    options = [] if counted else ["--instr-atstart=no"]
     with tempfile.NamedTemporaryFile(suffix=".out") as out:
         subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", *options,
              sys.executable, "-c", COMMITS, str(tree), driver, trace, str(commits), *more],
             check=True, capture_output=True,
         )  # fmt: skip
@@ -77,11 +82,15 @@ def main() -> None:
         old_tree = archive(against, Path(tmp))
         print(f"instructions per commit, in memory: this tree / {against}")
         for driver, trace in rows:
-            new = per_commit(ROOT, driver, trace, runs)
-            # A smoke run measures this tree only (one valgrind run: ~50 s of a core less in
-            # the test suite), against itself; the revision's tree is still made.
-            old = new if ns.smoke else per_commit(old_tree, driver, trace, runs)
             label = f"{driver} {trace}"
+            if ns.smoke:
+                # That callgrind runs the commits and its totals are read: one run, this
+                # tree's, uncounted (the revision's tree is still made); no figure.
+                instructions(ROOT, driver, trace, runs[1], counted=False)
+                print(f"  {label:<16} (smoke: under callgrind, not counted)", flush=True)
+                continue
+            new = per_commit(ROOT, driver, trace, runs)
+            old = per_commit(old_tree, driver, trace, runs)
             print(f"  {label:<16} {new:>9,.0f} / {old:>9,.0f} = {new / old:.3f}", flush=True)
         # The otel extra installed and no provider set, against the API absent (target
         # <= 1.02): what the store's telemetry costs an application that does not use it
@@ -89,7 +98,6 @@ def main() -> None:
         # every garbage collection, ~3 % of a commit here, whatever the store does).
         driver, trace = rows[-1]
         print(f"instructions per commit, {driver} {trace}: OpenTelemetry API, no provider / none")
-        on = new  # this tree's figure for that row, measured above
         if ns.smoke:  # that the run without the API works, not its count: no valgrind
             plain = subprocess.run([sys.executable, "-c", COMMITS, str(ROOT), driver, trace,
                                     "2", "no-otel"], capture_output=True, text=True)  # fmt: skip
@@ -97,6 +105,7 @@ def main() -> None:
                 raise RuntimeError(f"the run without OpenTelemetry failed:\n{plain.stderr}")
             print("  this tree        (smoke: run without valgrind, not counted)", flush=True)
             return
+        on = new  # this tree's figure for that row, measured above
         off = per_commit(ROOT, driver, trace, runs, "no-otel")
         print(f"  this tree        {on:>9,.0f} / {off:>9,.0f} = {on / off:.3f}", flush=True)
 

@@ -4,7 +4,8 @@ benchmark that breaks, or silently measures nothing, fails here. No figure is ch
 smoke run's figures mean nothing.
 
 The benchmarks that need a libSQL server start their own sqld on 127.0.0.1
-(``tests.sqld``); ``benchmarks.instructions`` runs valgrind's callgrind against HEAD."""
+(``tests.sqld``); ``benchmarks.instructions`` runs this tree under valgrind's callgrind,
+uncounted."""
 
 from __future__ import annotations
 
