@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harel_store import AsyncLibsqlStore
 from harel_store.batch import Batch
 from harel_store.connection import HranaConnection, LocalConnection
@@ -176,3 +178,23 @@ def refused_port() -> int:
     _REFUSING.append(sock)
     port: int = sock.getsockname()[1]
     return port
+
+
+Refusal = tuple[Callable[..., object], type[BaseException] | tuple[type[BaseException], ...]]
+
+
+def raises_each(cases: list[Refusal], *args: Any, after: Callable[[], None] | None = None) -> None:
+    """Each case's ``call(*args)`` raises its error (a subclass too, as `pytest.raises`), and
+    ``after()`` then holds (nothing written, the store still usable); a failure says which
+    case by its index. The cases of bad arguments run one after another on one store (of
+    each kind): one store each cost a store's setup each, a server's or a replica's for six
+    of the seven kinds, for a check made before any statement."""
+    for i, (call, error) in enumerate(cases):
+        try:
+            with pytest.raises(error):
+                call(*args)
+            if after is not None:
+                after()
+        except BaseException as exc:
+            exc.add_note(f"bad-argument case {i} of {len(cases)}, expecting {error}")
+            raise

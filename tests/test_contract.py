@@ -17,7 +17,7 @@ from harel_store import (
     TimerOp,
 )
 from tests.conftest import KINDS
-from tests.helpers import raw
+from tests.helpers import Refusal, raises_each, raw
 
 
 def new(id: str = "exe-1", **fields: Any) -> Execution:
@@ -267,27 +267,28 @@ def test_a_database_failure_mid_batch_rolls_everything_back(store: Any) -> None:
     assert exe.version == 2 and store.load("exe-1").version == 2
 
 
-@pytest.mark.parametrize(
-    ("call", "error"),
-    [
-        (lambda s, e: s.commit(e, [("t", "not an event")]), TypeError),
-        (lambda s, e: s.commit(e, [], processed_event_id=""), ValueError),
-        (lambda s, e: s.commit(e, [], timers=("schedule",)), TypeError),
-        (lambda s, e: s.commit(e, [], spawns=(("c", "r", {"x": object()}),)), ValueError),
-        (lambda s, e: s.commit(e, [], spawns=(("c", "r"),)), TypeError),
-        (lambda s, e: s.commit(e, [], trace={"nan": float("nan")}), ValueError),
-        (lambda s, e: s.commit(e, [], trace="step"), TypeError),
-        (lambda s, e: s.commit("exe-1", []), TypeError),
-    ],
-)
-def test_bad_arguments_write_nothing(store: Any, call: Any, error: type[Exception]) -> None:
+BAD_COMMITS: list[Refusal] = [
+    (lambda s, e: s.commit(e, [("t", "not an event")]), TypeError),
+    (lambda s, e: s.commit(e, [], processed_event_id=""), ValueError),
+    (lambda s, e: s.commit(e, [], timers=("schedule",)), TypeError),
+    (lambda s, e: s.commit(e, [], spawns=(("c", "r", {"x": object()}),)), ValueError),
+    (lambda s, e: s.commit(e, [], spawns=(("c", "r"),)), TypeError),
+    (lambda s, e: s.commit(e, [], trace={"nan": float("nan")}), ValueError),
+    (lambda s, e: s.commit(e, [], trace="step"), TypeError),
+    (lambda s, e: s.commit("exe-1", []), TypeError),
+]
+
+
+def test_bad_arguments_write_nothing(store: Any) -> None:
     exe = new()
     store.save(exe)
     before = snapshot(store)
-    with pytest.raises(error):
-        call(store, exe)
-    assert exe.version == 1
-    assert snapshot(store) == before
+
+    def unchanged() -> None:
+        assert exe.version == 1
+        assert snapshot(store) == before
+
+    raises_each(BAD_COMMITS, store, exe, after=unchanged)
 
 
 def test_models_refuse_bad_values() -> None:
@@ -451,23 +452,25 @@ def test_list_executions_pages_by_keyset(store: Any) -> None:
     assert page4.next_cursor is None
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"limit": 0},
-        {"limit": -1},
-        {"limit": 10**6},
-        {"limit": "5"},
-        {"cursor": "garbage!"},
-        {"cursor": "eyJ4IjogMX0="},
-        {"status": "sleeping"},
-        {"status": ["running", "nope"]},
-        {"definition_id": ""},
-    ],
-)
-def test_list_executions_refuses_bad_arguments(store: Any, kwargs: dict[str, Any]) -> None:
-    with pytest.raises((ValueError, TypeError)):
-        store.list_executions(**kwargs)
+BAD_LISTINGS: list[dict[str, Any]] = [
+    {"limit": 0},
+    {"limit": -1},
+    {"limit": 10**6},
+    {"limit": "5"},
+    {"cursor": "garbage!"},
+    {"cursor": "eyJ4IjogMX0="},
+    {"status": "sleeping"},
+    {"status": ["running", "nope"]},
+    {"definition_id": ""},
+]
+
+
+def test_list_executions_refuses_bad_arguments(store: Any) -> None:
+    cases: list[Refusal] = [
+        (lambda kwargs=kwargs: store.list_executions(**kwargs), (ValueError, TypeError))
+        for kwargs in BAD_LISTINGS
+    ]
+    raises_each(cases)
 
 
 # --- purge ---

@@ -30,6 +30,7 @@ from harel_store import (
     WorkAhead,
 )
 from harel_store.checks import MAX_ERROR
+from tests.helpers import Refusal, raises_each
 from tests.test_claims import elapse, move_back
 from tests.test_contract import snapshot
 
@@ -210,52 +211,60 @@ BAD_ITEMS: list[tuple[Any, type[Exception]]] = [
 ]
 
 
-@pytest.mark.parametrize(("items", "error"), BAD_ITEMS)
-def test_bad_items_raise_and_write_nothing(store: Any, items: Any, error: type[Exception]) -> None:
+def test_bad_items_raise_and_write_nothing(store: Any) -> None:
     seed(store)
     good = store.claim_outbox("w1", limit=1)  # a good item beside the bad ones
     before = snapshot(store)
-    mixed = [*good, *items] if isinstance(items, list) else items
-    calls = [
-        lambda: store.ack(mixed),
-        lambda: store.commit(store.load("target"), [(None, Event(name="x"))], acks=mixed),
-        lambda: store.fail("w1", mixed, error="boom"),
-        lambda: store.extend("w1", mixed, lease=60.0),
-        lambda: store.revive(mixed),
-    ]
-    for call in calls:
-        with pytest.raises(error):
-            call()
+    cases: list[Refusal] = []
+    for items, error in BAD_ITEMS:
+        mixed = [*good, *items] if isinstance(items, list) else items
+        cases += [
+            (lambda m=mixed: store.ack(m), error),
+            (
+                lambda m=mixed: store.commit(
+                    store.load("target"), [(None, Event(name="x"))], acks=m
+                ),
+                error,
+            ),
+            (lambda m=mixed: store.fail("w1", m, error="boom"), error),
+            (lambda m=mixed: store.extend("w1", m, lease=60.0), error),
+            (lambda m=mixed: store.revive(m), error),
+        ]
+
+    def unchanged() -> None:
         assert snapshot(store) == before
 
+    raises_each(cases, after=unchanged)
 
-@pytest.mark.parametrize(
-    ("call", "error"),
-    [
-        (lambda s, e: s.fail("w1", e, error=3), TypeError),
-        (lambda s, e: s.fail("w1", e, error=None), TypeError),
-        (lambda s, e: s.fail("w1", e, error="x", retry_in=-1.0), ValueError),
-        (lambda s, e: s.fail("w1", e, error="x", retry_in=math.inf), ValueError),
-        (lambda s, e: s.fail("w1", e, error="x", retry_in="1"), TypeError),
-        (lambda s, e: s.fail("", e, error="x"), ValueError),
-        (lambda s, e: s.extend("w1", e, lease=0.0), ValueError),
-        (lambda s, e: s.extend("w1", e, lease=math.nan), ValueError),
-        (lambda s, e: s.extend(None, e, lease=1.0), TypeError),
-        (lambda s, e: s.claim_outbox("w1", max_attempts=0), ValueError),
-        (lambda s, e: s.claim_spawns("w1", max_attempts="3"), TypeError),
-        (lambda s, e: s.claim_due_timers("w1", 1.0, max_attempts=True), TypeError),
-        (lambda s, e: s.dead_letters(kind="outboxes"), ValueError),
-        (lambda s, e: s.dead_letters(limit=0), ValueError),
-        (lambda s, e: s.dead_letters(limit=1001), ValueError),
-    ],
-)
-def test_bad_arguments_write_nothing(store: Any, call: Any, error: type[Exception]) -> None:
+
+BAD_CALLS: list[Refusal] = [
+    (lambda s, e: s.fail("w1", e, error=3), TypeError),
+    (lambda s, e: s.fail("w1", e, error=None), TypeError),
+    (lambda s, e: s.fail("w1", e, error="x", retry_in=-1.0), ValueError),
+    (lambda s, e: s.fail("w1", e, error="x", retry_in=math.inf), ValueError),
+    (lambda s, e: s.fail("w1", e, error="x", retry_in="1"), TypeError),
+    (lambda s, e: s.fail("", e, error="x"), ValueError),
+    (lambda s, e: s.extend("w1", e, lease=0.0), ValueError),
+    (lambda s, e: s.extend("w1", e, lease=math.nan), ValueError),
+    (lambda s, e: s.extend(None, e, lease=1.0), TypeError),
+    (lambda s, e: s.claim_outbox("w1", max_attempts=0), ValueError),
+    (lambda s, e: s.claim_spawns("w1", max_attempts="3"), TypeError),
+    (lambda s, e: s.claim_due_timers("w1", 1.0, max_attempts=True), TypeError),
+    (lambda s, e: s.dead_letters(kind="outboxes"), ValueError),
+    (lambda s, e: s.dead_letters(limit=0), ValueError),
+    (lambda s, e: s.dead_letters(limit=1001), ValueError),
+]
+
+
+def test_bad_arguments_write_nothing(store: Any) -> None:
     seed(store)
     entries = store.claim_outbox("w1")
     before = snapshot(store)
-    with pytest.raises(error):
-        call(store, entries)
-    assert snapshot(store) == before
+
+    def unchanged() -> None:
+        assert snapshot(store) == before
+
+    raises_each(BAD_CALLS, store, entries, after=unchanged)
 
 
 # --- attempts and dead letters ---
@@ -500,26 +509,29 @@ def test_claim_work_makes_dead_letters_at_max_attempts(store: Any) -> None:
     assert sorted(d.item.event.id for d in store.dead_letters()) == ["ev-a", "ev-b"]
 
 
-@pytest.mark.parametrize(
-    ("options", "error"),
-    [
-        ({"kinds": ()}, ValueError),
-        ({"kinds": ("outbox", "mail")}, ValueError),
-        ({"kinds": "outbox"}, TypeError),
-        ({"limit": 0}, ValueError),
-        ({"lease": -1.0}, ValueError),
-        ({"max_attempts": 0}, ValueError),
-    ],
-)
-def test_claim_work_refuses_bad_arguments_and_writes_nothing(
-    store: Any, options: dict[str, Any], error: type[Exception]
-) -> None:
+BAD_WORK: list[tuple[dict[str, Any], type[Exception]]] = [
+    ({"kinds": ()}, ValueError),
+    ({"kinds": ("outbox", "mail")}, ValueError),
+    ({"kinds": "outbox"}, TypeError),
+    ({"limit": 0}, ValueError),
+    ({"lease": -1.0}, ValueError),
+    ({"max_attempts": 0}, ValueError),
+]
+
+
+def test_claim_work_refuses_bad_arguments_and_writes_nothing(store: Any) -> None:
     seed(store)
     before = snapshot(store)
-    with pytest.raises(error):
-        store.claim_work("w1", 10.0, **options)
-    with pytest.raises(ValueError):
-        store.claim_work("", 10.0)
-    with pytest.raises(ValueError):
-        store.peek_work(math.nan)
-    assert snapshot(store) == before
+    cases: list[Refusal] = [
+        (lambda options=options: store.claim_work("w1", 10.0, **options), error)
+        for options, error in BAD_WORK
+    ]
+    cases += [
+        (lambda: store.claim_work("", 10.0), ValueError),
+        (lambda: store.peek_work(math.nan), ValueError),
+    ]
+
+    def unchanged() -> None:
+        assert snapshot(store) == before
+
+    raises_each(cases, after=unchanged)

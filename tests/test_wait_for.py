@@ -17,6 +17,7 @@ import pytest
 
 from harel_store import AsyncLibsqlStore, Execution, LibsqlStore, StoreError, awaiting
 from harel_store.batch import Batch
+from tests.helpers import Refusal, raises_each
 from tests.test_wakeup import WOKEN, Database, database
 
 FINAL = ("finished", "failed", "cancelled")
@@ -84,24 +85,25 @@ def test_a_status_not_reached_is_a_timeout(store: Any) -> None:
         store.wait_for("missing", timeout=0)
 
 
-@pytest.mark.parametrize(
-    ("options", "error"),
-    [
-        ({"timeout": -1}, ValueError),
-        ({"timeout": math.nan}, ValueError),
-        ({"timeout": math.inf}, ValueError),
-        ({"timeout": "1"}, TypeError),
-        ({"timeout": True}, TypeError),
-        ({"timeout": 1, "status": "done"}, ValueError),
-        ({"timeout": 1, "status": ["finished", "over"]}, ValueError),
-        ({"timeout": 1, "status": []}, ValueError),
-    ],
-)
-def test_bad_arguments_are_refused(store: Any, options: dict[str, Any], error: type) -> None:
-    with pytest.raises(error):
-        store.wait_for("a", **options)
-    with pytest.raises((ValueError, TypeError)):
-        store.wait_for("", timeout=1)
+BAD_WAITS: list[tuple[dict[str, Any], type[Exception]]] = [
+    ({"timeout": -1}, ValueError),
+    ({"timeout": math.nan}, ValueError),
+    ({"timeout": math.inf}, ValueError),
+    ({"timeout": "1"}, TypeError),
+    ({"timeout": True}, TypeError),
+    ({"timeout": 1, "status": "done"}, ValueError),
+    ({"timeout": 1, "status": ["finished", "over"]}, ValueError),
+    ({"timeout": 1, "status": []}, ValueError),
+]
+
+
+def test_bad_arguments_are_refused(store: Any) -> None:
+    cases: list[Refusal] = [
+        (lambda options=options: store.wait_for("a", **options), error)
+        for options, error in BAD_WAITS
+    ]
+    cases.append((lambda: store.wait_for("", timeout=1), (ValueError, TypeError)))
+    raises_each(cases)
 
 
 def test_another_process_wakes_a_waiter(tmp_path: Path, request: pytest.FixtureRequest) -> None:
