@@ -16,6 +16,7 @@ import pytest
 
 import harel_store
 from harel_store import HEAD, LibsqlStore
+from tests.helpers import refused_port
 
 # Runs the CLI's `main` with the given arguments in a fresh interpreter; prints, as the last
 # line of stdout, its exit status and which of the watched modules it imported.
@@ -23,7 +24,7 @@ _PROBE = """
 import json, sys
 from harel_store.cli import main
 status = main(sys.argv[1:])
-watched = ("alembic", "sqlalchemy", "harel_store.aio", "harel_store.relay")
+watched = ("alembic", "sqlalchemy", "harel_store.aio", "harel_store.relay", "asyncio")
 print(json.dumps({"status": status, "imported": [m for m in watched if m in sys.modules]}))
 """
 
@@ -95,25 +96,33 @@ def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
     assert printed(code) == ["pydantic"]
 
 
-def test_a_sync_store_and_a_cli_command_import_no_asyncio(tmp_path: Path) -> None:
-    """A process that runs no loop imports no asyncio (`harel_store.lazy`), through a sync
-    store's whole path (a commit, reads, wait_for, a claim and an ack, a server's HTTP
-    client's request) and a CLI command; the first async use imports it then."""
-    db = tmp_path / "LibsqlStore.db"
-    code = f"""
-import sys
-from harel_store import Event, Execution, LibsqlStore, SqliteStore
+# A sync store's whole path on each store at ``sys.argv[1:]`` (a URL, or a replica's file
+# and its primary; the token in $HAREL_AUTH_TOKEN): a commit, reads, wait_for, a claim and
+# an ack, a close; the sync relay's and fleet's names, and an HTTP client's refused request
+# (to the port in $REFUSED). Prints whether asyncio was imported, then makes the first async
+# use and prints what it read.
+_SYNC_PATH = """
+import os, sys
+from harel_store import Event, Execution, Fleet, LibsqlStore, Relay, SqliteStore
 from harel_store.connection.http import Client, ConnectFailed
-for kind in (LibsqlStore, SqliteStore):  # one library a file
-    with kind(f"{tmp_path}/{{kind.__name__}}.db") as store:
-        exe = Execution(id=kind.__name__, definition_id="d", status="finished")
+token = os.environ.get("HAREL_AUTH_TOKEN", "")
+if len(sys.argv) == 2:  # two files, one library each
+    stores = [(LibsqlStore, sys.argv[1], {}), (SqliteStore, sys.argv[1] + ".sqlite", {})]
+else:  # a server, and a replica of it
+    replica, url = sys.argv[1:]
+    stores = [(LibsqlStore, url, {"auth_token": token}),
+              (LibsqlStore, replica, {"auth_token": token, "sync_url": url})]
+for n, (kind, where, options) in enumerate(stores):
+    with kind(where, **options) as store:
+        exe = Execution(id=f"e{n}", definition_id="d", status="finished")
         store.commit(exe, [(None, Event(name="e"))], timers=[])
         store.wait_for(exe.id, timeout=5)
         store.ack(store.claim_outbox("w", limit=10))
         assert store.list_executions().items
-client = Client("http://127.0.0.1:9", headers={{}}, timeout=1, ssl_context=None)
+client = Client(f"http://127.0.0.1:{os.environ['REFUSED']}", headers={}, timeout=1,
+                ssl_context=None)
 try:
-    client.post("/v2/pipeline", b"{{}}")  # nothing listens on port 9: refused
+    client.post("/v2/pipeline", b"{}")
 except ConnectFailed:
     pass
 client.close()
@@ -121,19 +130,45 @@ print("asyncio" in sys.modules)
 from harel_store import AsyncLibsqlStore
 import asyncio
 async def main():
-    async with await AsyncLibsqlStore.create({str(db)!r}) as store:
-        return (await store.load("LibsqlStore")).status
+    where, options = stores[0][1], stores[0][2]
+    async with await AsyncLibsqlStore.create(where, **options) as store:
+        return (await store.load("e0")).status
 print(asyncio.run(main()))
 """
-    assert printed(code) == ["False", "finished"]
-    result, said = probe("status", "--url", str(db), cwd=tmp_path)
-    assert result["status"] == 0 and said
-    code = _PROBE.replace('"harel_store.relay"', '"harel_store.relay", "asyncio"')
-    out = subprocess.run(
-        [sys.executable, "-c", code, "status", "--url", str(db)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=True,
+
+
+def sync_path(*where: str, cwd: Path, token: str = "") -> list[str]:
+    env = {**os.environ, "HAREL_AUTH_TOKEN": token, "REFUSED": str(refused_port())}
+    done = subprocess.run(
+        [sys.executable, "-c", _SYNC_PATH, *where],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=120, check=False,
     )  # fmt: skip
-    assert json.loads(out.stdout.splitlines()[-1]) == {"status": 0, "imported": []}
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_sync_store_and_a_cli_command_import_no_asyncio(tmp_path: Path) -> None:
+    """A process that runs no loop imports no asyncio (`harel_store.lazy`): not on a sync
+    store's whole path on a file, nor in a CLI command (the probe watches for it); the first
+    async use imports it then."""
+    db = tmp_path / "state.db"
+    assert sync_path(str(db), cwd=tmp_path) == ["False", "finished"]
+    result, said = probe("status", "--url", str(db), cwd=tmp_path)
+    assert result == {"status": 0, "imported": []}, said
+
+
+@pytest.mark.sqld
+def test_a_sync_remote_store_and_a_replica_import_no_asyncio(server: Any, tmp_path: Path) -> None:
+    """Over a server, and a replica of it, as on a file: closing a remote store looked for a
+    running loop (importing asyncio to look)."""
+    replica = str(tmp_path / "replica.db")
+    assert sync_path(replica, server.url, cwd=tmp_path, token=server.token) == [
+        "False",
+        "finished",
+    ]
+    env = {"HAREL_AUTH_TOKEN": server.token}
+    result, said = probe("status", "--url", server.url, cwd=tmp_path, env=env)
+    assert result == {"status": 0, "imported": []}, said
 
 
 def test_migrate_with_nothing_to_do_runs_no_alembic(tmp_path: Path) -> None:

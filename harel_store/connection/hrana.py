@@ -1090,10 +1090,12 @@ class HranaConnection:
         self._client.close()
         with self._turn:
             loops = list(self._loops.values())
+        running = None
         try:
-            running = asyncio.get_running_loop()
+            if loops:  # a loop wrote here (none did: asyncio need not even be imported)
+                running = asyncio.get_running_loop()
         except RuntimeError:
-            running = None
+            pass
         for writes in loops:
             if writes.loop is running:
                 _close_pipeline(writes)
