@@ -4,15 +4,15 @@ a few percent in the write path shows. Not a test.
 
     python -m benchmarks.instructions                 # this tree against HEAD~1
     python -m benchmarks.instructions --against REV   # this tree against another revision
-    python -m benchmarks.instructions --smoke         # that it works: one row, one run (~6 s)
+    python -m benchmarks.instructions --smoke         # that it works: one row, two runs (~10 s)
 
 Each figure is (instructions of 400 commits - those of 100) / 300, so start-up and imports
 cancel out; a commit is the CAS update, one emit, the dedupe marker, one timer schedule and
 (with trace) one trace step. The other revision, exported with ``git archive``, runs on the
 same interpreter. ``--smoke``: sqlite without trace only, one run of 2 commits, this
-tree's, under callgrind with its instrumentation off (that it runs and writes its totals:
-no figure); HEAD's tree is exported all the same; this tree without OpenTelemetry runs
-once, not under valgrind.
+tree's, under callgrind with its instrumentation off (that it runs), and a bare
+interpreter's start counted (that callgrind counts): no figure of a commit; HEAD's tree is
+exported all the same; this tree without OpenTelemetry runs once, not under valgrind.
 """
 
 from __future__ import annotations
@@ -48,26 +48,33 @@ for i in range(n):
 ROWS = [(driver, trace) for driver in ("sqlite", "libsql") for trace in ("trace", "no-trace")]
 
 
-def instructions(
-    tree: Path, driver: str, trace: str, commits: int, *more: str, counted: bool = True
-) -> int:
-    """Instructions of a run of ``commits`` commits; uncounted (callgrind's instrumentation
-    off: ~5 s of a core, not ~23), its totals line is still read, and says 0."""
+def callgrind(argv: list[str], counted: bool = True) -> int:
+    """The instructions callgrind counts for the command ``argv``; uncounted (its
+    instrumentation off: a run of the commits takes ~5 s of a core, not ~23), its totals
+    line is still read, and says 0."""
     options = [] if counted else ["--instr-atstart=no"]
     with tempfile.NamedTemporaryFile(suffix=".out") as out:
         subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", *options,
-             sys.executable, "-c", COMMITS, str(tree), driver, trace, str(commits), *more],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", *options, *argv],
+            check=True,
+            capture_output=True,
+        )
         totals = re.search(r"^(?:summary|totals): (\d+)", Path(out.name).read_text(), re.M)
     assert totals is not None, "callgrind wrote no totals"
     return int(totals[1])
 
 
+def instructions(
+    tree: Path, driver: str, trace: str, commits: int, *more: str, counted: bool = True
+) -> int:
+    """Instructions of a run of ``commits`` commits."""
+    argv = [sys.executable, "-c", COMMITS, str(tree), driver, trace, str(commits), *more]
+    return callgrind(argv, counted)
+
+
 def per_commit(tree: Path, driver: str, trace: str, runs: tuple[int, int], *more: str) -> float:
-    """Instructions of the larger run less the smaller one's (none for a run of 0), a commit."""
-    fewer = instructions(tree, driver, trace, runs[0], *more) if runs[0] else 0
+    """Instructions of the larger run less the smaller one's, a commit."""
+    fewer = instructions(tree, driver, trace, runs[0], *more)
     most = instructions(tree, driver, trace, runs[1], *more)
     return (most - fewer) / (runs[1] - runs[0])
 
@@ -84,10 +91,15 @@ def main() -> None:
         for driver, trace in rows:
             label = f"{driver} {trace}"
             if ns.smoke:
-                # That callgrind runs the commits and its totals are read: one run, this
-                # tree's, uncounted (the revision's tree is still made); no figure.
+                # That callgrind runs the commits (this tree's, uncounted; the revision's
+                # tree is still made) and counts (a bare interpreter's start: ~4 s of a
+                # core): no figure of a commit.
                 instructions(ROOT, driver, trace, runs[1], counted=False)
-                print(f"  {label:<16} (smoke: under callgrind, not counted)", flush=True)
+                bare = callgrind([sys.executable, "-S", "-c", "pass"])
+                if bare <= 0:
+                    raise RuntimeError("callgrind counted no instruction of a bare interpreter")
+                shown = f"{bare:,} instructions to start a bare interpreter"
+                print(f"  {label:<16} (smoke: not counted; {shown})", flush=True)
                 continue
             new = per_commit(ROOT, driver, trace, runs)
             old = per_commit(old_tree, driver, trace, runs)

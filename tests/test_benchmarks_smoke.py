@@ -4,8 +4,8 @@ benchmark that breaks, or silently measures nothing, fails here. No figure is ch
 smoke run's figures mean nothing.
 
 The benchmarks that need a libSQL server start their own sqld on 127.0.0.1
-(``tests.sqld``); ``benchmarks.instructions`` runs this tree under valgrind's callgrind,
-uncounted."""
+(``tests.sqld``); ``benchmarks.instructions`` runs this tree's commits under valgrind's
+callgrind, uncounted, and counts a bare interpreter's start."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "instructions": (
         "instructions per commit, in memory: this tree / HEAD",
         "  sqlite no-trace",
+        "instructions to start a bare interpreter",
         "instructions per commit, sqlite no-trace: OpenTelemetry API, no provider / none",
         "  this tree ",
     ),
