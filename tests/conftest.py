@@ -86,7 +86,8 @@ def sqld(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     # A new replica's first sync pulls the server's whole replication log, which sqld
     # compacts only at --max-log-size (200 MB by default): late in a session every replica a
     # test opened pulled up to 200 MB of the tests before it (30 s and more, CI red). At 1 MB
-    # (it takes whole MB) a replica's setup pulls at most that much of the log: the replica
+    # (it takes whole MB) a replica's setup pulls at most that much of the log (beside the
+    # snapshot a compaction left, the database's few pages between tests): the replica
     # tests alone took 72 s instead of 108 on 3 workers, their setups 62 s of worker time
     # instead of 139 (a compaction's window is retried: `replica_helper.RETRIED`).
     server = SqldServer(

@@ -73,12 +73,12 @@ def alembic_cli(db: Path, target: str = "head") -> None:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A file at every revision, each upgraded by Alembic from a fresh file, in one child;
-    closed (no WAL left beside it), so a test may copy one as its start."""
+    closed (no journal or WAL left beside it), so a test may copy one as its start."""
     dbs = {rev: tmp_path_factory.mktemp("ref") / f"{rev}.db" for rev in REVISIONS}
     alembic_steps(*((db, "upgrade", rev) for rev, db in dbs.items()))
     for rev, db in dbs.items():
         assert revision(db) == rev
-        assert not db.with_name(db.name + "-wal").exists()
+        assert not [p for p in db.parent.iterdir() if p.name.startswith(f"{db.name}-")]
     return dbs
 
 
