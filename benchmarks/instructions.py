@@ -92,8 +92,8 @@ def main() -> None:
             label = f"{driver} {trace}"
             if ns.smoke:
                 # That callgrind runs the commits (this tree's, uncounted; the revision's
-                # tree is still made) and counts (a bare interpreter's start: ~4 s of a
-                # core): no figure of a commit.
+                # tree is still made) and counts (a bare interpreter's start: 2 to 4 s of
+                # a core): no figure of a commit.
                 instructions(ROOT, driver, trace, runs[1], counted=False)
                 bare = callgrind([sys.executable, "-S", "-c", "pass"])
                 if bare <= 0:

@@ -96,11 +96,13 @@ def test_a_submodule_is_an_attribute_of_the_package_as_before() -> None:
     assert printed(code) == ["pydantic"]
 
 
-# A sync store's whole path on each store at ``sys.argv[1:]`` (a URL, or a replica's file
-# and its primary; the token in $HAREL_AUTH_TOKEN): a commit, reads, wait_for, a claim and
-# an ack, a close; the sync relay's and fleet's names, and an HTTP client's refused request
-# (to the port in $REFUSED). Prints whether asyncio was imported, then makes the first async
-# use and prints what it read.
+# A sync store's path on the stores ``sys.argv[1:]`` names (a file, opened by libsql and a
+# second file by sqlite3; or a replica's file and its primary's URL, the token in
+# $HAREL_AUTH_TOKEN): a commit, a wait_for that returns at once and one that waits out its
+# timeout, a sync relay's round (its handler acks), a claim and an ack, a listing, a
+# close; a fleet's name, and an HTTP client's refused request (to the port in $REFUSED).
+# Prints whether asyncio was imported, then makes the first async use and prints what it
+# read.
 _SYNC_PATH = """
 import os, sys
 from harel_store import Event, Execution, Fleet, LibsqlStore, Relay, SqliteStore
@@ -112,13 +114,22 @@ else:  # a server, and a replica of it
     replica, url = sys.argv[1:]
     stores = [(LibsqlStore, url, {"auth_token": token}),
               (LibsqlStore, replica, {"auth_token": token, "sync_url": url})]
+handled = []
 for n, (kind, where, options) in enumerate(stores):
     with kind(where, **options) as store:
         exe = Execution(id=f"e{n}", definition_id="d", status="finished")
         store.commit(exe, [(None, Event(name="e"))], timers=[])
         store.wait_for(exe.id, timeout=5)
+        store.save(Execution(id=f"r{n}", definition_id="d"))
+        try:
+            store.wait_for(f"r{n}", timeout=0.3)  # running: its reader waits, and times out
+        except TimeoutError:
+            pass
+        Relay(store, "w", on_outbox=handled.append).run_once()
+        store.commit(store.load(f"e{n}"), [(None, Event(name="f"))])
         store.ack(store.claim_outbox("w", limit=10))
         assert store.list_executions().items
+assert len(handled) == len(stores), handled
 client = Client(f"http://127.0.0.1:{os.environ['REFUSED']}", headers={}, timeout=1,
                 ssl_context=None)
 try:
