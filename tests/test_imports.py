@@ -160,8 +160,8 @@ def sync_path(*where: str, cwd: Path, token: str = "") -> list[str]:
 
 def test_a_sync_store_and_a_cli_command_import_no_asyncio(tmp_path: Path) -> None:
     """A process that runs no loop imports no asyncio (`harel_store.lazy`): not on a sync
-    store's whole path on a file, nor in a CLI command (the probe watches for it); the first
-    async use imports it then."""
+    store's path on files (`_SYNC_PATH`), nor in a CLI command (the probe watches for it);
+    the first async use imports it then."""
     db = tmp_path / "state.db"
     assert sync_path(str(db), cwd=tmp_path) == ["False", "finished"]
     result, said = probe("status", "--url", str(db), cwd=tmp_path)
