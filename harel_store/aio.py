@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from harel_store.awaiting import Call, wait_message
 from harel_store.batch import Plan, adrive, settle
@@ -35,18 +35,13 @@ from harel_store.connection.local import LocalConnection, Synchronous
 from harel_store.connection.revision import ensure_schema
 from harel_store.executions import _wait_args
 from harel_store.flows import FlowKey, check_flow_function
-from harel_store.lazy import Lazy
+from harel_store.lazy import asyncio
 from harel_store.models import (
     Execution,
 )
 from harel_store.operation import awaitable
 from harel_store.store import DEFAULT_TRACE_MAX, LibsqlStore, Store
 from harel_store.wakeup import Waiter
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 T = TypeVar("T")
 

@@ -27,17 +27,12 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from harel_store.errors import StoreError
-from harel_store.lazy import Lazy
+from harel_store.lazy import asyncio
 from harel_store.models import Execution
 from harel_store.wakeup import EXECUTION, PACE, Waiter
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 # The longest the reader waits for a signal before it reads every waited execution anyway (a
 # missed one costs this), and that wait's longest while the watch is live; how long the

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from harel_store.lazy import Lazy
+from harel_store.lazy import asyncio
 from harel_store.sql import QUERIES, Query, RowError
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 T = TypeVar("T")
 

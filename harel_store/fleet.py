@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harel_store.aio import AsyncLibsqlStore
 from harel_store.checks import (
@@ -33,14 +33,9 @@ from harel_store.connection.url import server_key
 from harel_store.errors import StoreError
 from harel_store.executions import _wait_args, check_listing
 from harel_store.flows import check_flow_function
-from harel_store.lazy import Lazy
+from harel_store.lazy import asyncio
 from harel_store.models import Execution, ExecutionPage, ExecutionSummary
 from harel_store.store import LibsqlStore
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 __all__ = ["AsyncFleet", "Fleet", "identity", "rendezvous", "root_key"]
 

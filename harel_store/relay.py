@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from harel_store import queues, telemetry
 from harel_store.aio import AsyncLibsqlStore
@@ -46,7 +46,7 @@ from harel_store.batch import settle
 from harel_store.checks import check_finite, check_id, check_max_attempts, check_timeout
 from harel_store.errors import StoreConflict, StoreError
 from harel_store.fleet import AsyncFleet, Fleet
-from harel_store.lazy import Lazy
+from harel_store.lazy import asyncio
 from harel_store.models import (
     ClaimedWork,
     DeadKind,
@@ -58,11 +58,6 @@ from harel_store.models import (
 )
 from harel_store.store import MAX_PAGE, Store
 from harel_store.wakeup import ANY, EXECUTION, SETTLED, TIMER, Waiter
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 log = logging.getLogger("harel_store.relay")
 

@@ -27,14 +27,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from harel_store.lazy import Lazy
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
+from harel_store.lazy import asyncio
 
 # What a signal says changed. The first three are new work of that kind for the relays (an
 # emit, a spawn, an armed timer); EXECUTION: an execution was written; ANY: something may

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
 from decimal import ROUND_DOWN, Context, Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
@@ -29,12 +29,7 @@ from harel_store.connection import http
 from harel_store.connection.url import server_key
 from harel_store.connection.watch import ListenWatch
 from harel_store.errors import OutcomeUnknown, StoreBusy, StoreError, scrub, translate
-from harel_store.lazy import Lazy
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
+from harel_store.lazy import asyncio
 
 _GUARD = statement("guard_changed")
 
@@ -1091,11 +1086,9 @@ class HranaConnection:
         with self._turn:
             loops = list(self._loops.values())
         running = None
-        try:
-            if loops:  # a loop wrote here (none did: asyncio need not even be imported)
+        if loops:  # a loop wrote here (if none did, asyncio need not even be imported)
+            with contextlib.suppress(RuntimeError):
                 running = asyncio.get_running_loop()
-        except RuntimeError:
-            pass
         for writes in loops:
             if writes.loop is running:
                 _close_pipeline(writes)

@@ -28,16 +28,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
 from urllib.request import getproxies_environment
 
-from harel_store.lazy import Lazy
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
+from harel_store.lazy import asyncio
 
 __all__ = [
     "AsyncClient",

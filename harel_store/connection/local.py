@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import quote
 
 from harel_store.batch import Batch, Conflicted, Fresh, Request, Statement, shape, statement
@@ -40,14 +40,9 @@ from harel_store.errors import (
     is_driver_error,
     translate,
 )
-from harel_store.lazy import Lazy
+from harel_store.lazy import asyncio
 from harel_store.sql import Query, RowError
 from harel_store.wakeup import Watch
-
-if TYPE_CHECKING:
-    import asyncio
-else:
-    asyncio = Lazy("asyncio")  # a process that runs no loop never imports it
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 T = TypeVar("T")
