@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -56,6 +62,125 @@ def alembic_steps(*steps: tuple[Path, str, str]) -> None:
         timeout=120,
     )
     assert done.returncode == 0, f"alembic_steps{steps}:\n{done.stderr}"
+
+
+def in_process(
+    main: Callable[[list[str]], int],
+    argv: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``main(argv[1:])`` run in this process, as a process running ``argv`` would run it,
+    without a process's start (half a second of CPU for the console script): its
+    environment is this one without $HAREL_* plus ``env``, in ``cwd``, with an empty stdin;
+    its stdout and stderr (the descriptors too: a child it starts writes there) are
+    captured as text; its exit status is what ``main`` returns, a SystemExit's code, or 1
+    for an exception, whose traceback goes to its stderr. All of it is put back after.
+
+    The test fails if the call leaves a file open (a database connection not closed: the
+    test may read the file next with another SQLite library, which one process must never
+    do while the other has it open), a thread running that would keep a process from
+    ending, or a signal handler set. Run what
+    needs a process of its own (its start, signals, a bound that kills the process) in a
+    real one."""
+    changes = {k: None for k in os.environ if k.startswith("HAREL_")} | dict(env or {})
+    saved_env = {k: os.environ.get(k) for k in changes}
+    saved_env.setdefault("RUST_LOG", os.environ.get("RUST_LOG"))  # main sets it
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    threads = _non_daemon_threads()
+    files = _open_files()
+    here = Path.cwd()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            _set_environment(changes)
+            if cwd is not None:
+                os.chdir(cwd)
+            with _streams(out.fileno(), err.fileno()) as stderr:
+                try:
+                    status = main(argv[1:])
+                except SystemExit as exc:
+                    status = _exit_status(exc.code, stderr)
+                except Exception:
+                    traceback.print_exc(file=stderr)
+                    status = 1
+        finally:
+            os.chdir(here)
+            _set_environment(saved_env)
+        stdout, stderr_text = _text(out), _text(err)
+    assert {n: signal.getsignal(n) for n in handlers} == handlers, f"{argv}: a handler set"
+    assert _non_daemon_threads() <= threads, f"{argv}: a thread left running"
+    left = _open_files() - files
+    assert not left, f"{argv} left open: {sorted(left)}"
+    return subprocess.CompletedProcess(argv, status, stdout, stderr_text)
+
+
+def _non_daemon_threads() -> set[threading.Thread]:
+    """The threads that would keep a process from ending."""
+    return {t for t in threading.enumerate() if not t.daemon}
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _streams(out: int, err: int) -> Iterator[io.TextIOWrapper]:
+    """stdin empty, stdout and stderr (as descriptors 1 and 2 too) into ``out`` and ``err``;
+    yields the new sys.stderr."""
+    saved = sys.stdin, sys.stdout, sys.stderr
+    saved_fds = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+    def text(fd: int, errors: str) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, "w", closefd=False)
+        return io.TextIOWrapper(raw, "utf-8", errors, write_through=True)  # type: ignore[arg-type]
+
+    try:
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdin = io.TextIOWrapper(io.BytesIO(), "utf-8")
+        sys.stdout, sys.stderr = text(out, "strict"), text(err, "backslashreplace")
+        yield sys.stderr
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdin, sys.stdout, sys.stderr = saved
+        for fd, old in zip((1, 2), saved_fds, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
+
+
+def _exit_status(code: object, stderr: io.TextIOWrapper) -> int:
+    """A process's exit status for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=stderr)
+    return 1
+
+
+def _text(file: IO[bytes]) -> str:
+    """What ``subprocess.run(text=True)`` reads of what was written (universal newlines)."""
+    file.seek(0)
+    return file.read().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _open_files() -> set[tuple[str, str]]:
+    """The regular files this process has open, with their descriptors."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("/") and os.path.isfile(target):
+                found.add((fd, target))
+    return found
 
 
 class SyncFacade:

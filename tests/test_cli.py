@@ -23,6 +23,7 @@ from harel_store import HEAD, Event, Execution, LibsqlStore, SqliteStore, StoreE
 from harel_store.cli import COMMANDS, main
 from harel_store.models import Status
 from harel_store.sql import MIGRATIONS, SQL_DIR
+from tests.helpers import in_process
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 
@@ -30,9 +31,12 @@ CLI = Path(sys.executable).with_name("harel-store")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cli(
+def cli_process(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The console script run in a process of its own: for what only a process shows (its
+    start, exit status, signals, what it leaves behind), and for commands that bound
+    themselves by killing their own process."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
     return subprocess.run(
         [str(CLI), *args],
@@ -42,6 +46,14 @@ def cli(
         env={**base, **(env or {})},
         timeout=120,
     )
+
+
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The console script's ``main`` run in this process, as ``cli_process`` would run it:
+    see `tests.helpers.in_process`."""
+    return in_process(main, [str(CLI), *args], cwd=cwd, env=env)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
