@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 
 from harel_store import SqliteStore
 from harel_store.sql import _MIGRATION_FILE, HEAD
-from tests.helpers import ALEMBIC, ROOT, refused_port
+from tests.helpers import ALEMBIC, ROOT, alembic_in_process, refused_port
 from tests.proxy import Proxy
 
 HARELSTORE = Path(sys.executable).with_name("harel-store")
@@ -45,6 +45,8 @@ def environment(**extra: str) -> dict[str, str]:
 def run(
     command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
+    if command[1:3] == ["-m", "alembic"]:
+        return alembic_in_process(command, cwd=cwd, env=env if env is not None else environment())
     return subprocess.run(
         command,
         capture_output=True,

@@ -1,4 +1,6 @@
-"""The ``harel-store`` console script, driven in subprocesses on a local file and on sqld."""
+"""The ``harel-store`` console script on a local file and on sqld: its ``main`` run in the
+test's process as a process would run it (`cli`), and the script in processes of its own
+where the process is what is tested (`cli_process`)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     """The console script's ``main`` run in this process, as ``cli_process`` would run it:
     see `tests.helpers.in_process`."""
-    return in_process(main, [str(CLI), *args], cwd=cwd, env=env)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
+    return in_process(main, [str(CLI), *args], cwd=cwd, env={**base, **(env or {})})
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

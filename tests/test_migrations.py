@@ -19,6 +19,7 @@ from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
 from tests.helpers import (
     ALEMBIC,
     ROWS_0003,
+    alembic_in_process,
     alembic_steps,
     check_0003_rows,
     raw,
@@ -31,14 +32,9 @@ ALEMBIC_INI = ROOT / "alembic.ini"
 
 
 def alembic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ALEMBIC, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        check=True,
-        timeout=120,
-    )
+    done = alembic_in_process([*ALEMBIC, *args], cwd=cwd)
+    done.check_returncode()
+    return done
 
 
 def schema_of(path: Path) -> object:

@@ -32,7 +32,14 @@ from harel_store import (
 from harel_store.connection.http import ConnectFailed
 from harel_store.schema import describe
 from harel_store.sql import HEAD, MIGRATIONS
-from tests.helpers import ALEMBIC, ROWS_0003, check_0003_rows, rows_0003, stage_0003
+from tests.helpers import (
+    ALEMBIC,
+    ROWS_0003,
+    alembic_in_process,
+    check_0003_rows,
+    rows_0003,
+    stage_0003,
+)
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld
@@ -96,19 +103,10 @@ def test_a_tls_url_is_taken_as_remote_and_fails_cleanly_against_plain_http(
 
 def alembic(srv: SqldServer, *args: str) -> str:
     url = f"sqlite+libsql://127.0.0.1:{srv.port}?secure=false"
-    result = subprocess.run(
-        [
-            *ALEMBIC,
-            "-x",
-            f"url={url}",
-            *args,
-        ],
+    result = alembic_in_process(
+        [*ALEMBIC, "-x", f"url={url}", *args],
         cwd=REPO,
         env={**os.environ, "HAREL_AUTH_TOKEN": srv.token},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert srv.token not in result.stdout + result.stderr

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -32,7 +31,7 @@ from harel_store.models import Status
 from harel_store.pace import Pacer
 from harel_store.schema import describe
 from harel_store.sql import HEAD, QUERIES
-from tests.helpers import ALEMBIC, raw
+from tests.helpers import ALEMBIC, alembic_in_process, raw
 
 
 @pytest.fixture(autouse=True)
@@ -795,7 +794,7 @@ def test_bad_arguments_are_refused_and_remove_nothing(store: Any) -> None:
 
 
 def alembic(*args: str) -> None:
-    subprocess.run([*ALEMBIC, *args], capture_output=True, text=True, check=True, timeout=120)
+    alembic_in_process([*ALEMBIC, *args]).check_returncode()
 
 
 def schema_of(path: Path) -> object:

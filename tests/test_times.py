@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import subprocess
 import sys
 import time
 from contextlib import closing
@@ -32,7 +31,7 @@ from harel_store import (
 )
 from harel_store.schema import describe
 from harel_store.sql import HEAD
-from tests.helpers import ALEMBIC, Refusal, raises_each, raw
+from tests.helpers import ALEMBIC, Refusal, alembic_in_process, raises_each, raw
 
 # id -> (status, parent_id, updated_at staged; None: written before 0005)
 ROWS: dict[str, tuple[str, str | None, float | None]] = {
@@ -369,7 +368,7 @@ ALEMBIC_INI = Path(__file__).resolve().parent.parent / "alembic.ini"
 
 
 def alembic(db: Path, *args: str) -> None:
-    subprocess.run([*ALEMBIC, "-x", f"url={db}", *args], check=True, capture_output=True)
+    alembic_in_process([*ALEMBIC, "-x", f"url={db}", *args]).check_returncode()
 
 
 def schema(db: Path) -> Any:

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import sqlite3
-import subprocess
 import traceback
 from collections.abc import Iterator
 from contextlib import closing
@@ -38,7 +37,7 @@ from harel_store.connection.url import (
     show,
     token_from_env,
 )
-from tests.helpers import ALEMBIC
+from tests.helpers import ALEMBIC, alembic_in_process
 from tests.sqld import SqldServer
 from tests.test_cli import cli, failed, ok
 
@@ -341,15 +340,7 @@ def test_a_tls_form_at_a_plain_http_server_says_what_to_write(
 
 def alembic(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     base = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
-    result = subprocess.run(
-        [*ALEMBIC, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**base, **(env or {})},
-        timeout=120,
-        check=False,
-    )
+    result = alembic_in_process([*ALEMBIC, *args], cwd=cwd, env={**base, **(env or {})})
     assert result.returncode == 0, result.stderr
     return result.stdout + result.stderr
 
