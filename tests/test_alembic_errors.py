@@ -20,7 +20,8 @@ from alembic.script import ScriptDirectory
 
 from harel_store import SqliteStore
 from harel_store.sql import _MIGRATION_FILE, HEAD
-from tests.helpers import ALEMBIC, ROOT, alembic_in_process, refused_port
+from tests.helpers import ALEMBIC, ROOT, refused_port
+from tests.in_process import alembic_in_process
 from tests.proxy import Proxy
 
 HARELSTORE = Path(sys.executable).with_name("harel-store")

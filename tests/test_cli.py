@@ -25,7 +25,7 @@ from harel_store import HEAD, Event, Execution, LibsqlStore, SqliteStore, StoreE
 from harel_store.cli import COMMANDS, main
 from harel_store.models import Status
 from harel_store.sql import MIGRATIONS, SQL_DIR
-from tests.helpers import in_process
+from tests.in_process import in_process
 from tests.proxy import Proxy
 from tests.sqld import SqldServer
 

@@ -19,13 +19,13 @@ from harel_store.sql import HEAD, MIGRATIONS, SQL_DIR
 from tests.helpers import (
     ALEMBIC,
     ROWS_0003,
-    alembic_in_process,
     alembic_steps,
     check_0003_rows,
     raw,
     rows_0003,
     stage_0003,
 )
+from tests.in_process import alembic_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = ROOT / "alembic.ini"

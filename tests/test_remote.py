@@ -35,11 +35,11 @@ from harel_store.sql import HEAD, MIGRATIONS
 from tests.helpers import (
     ALEMBIC,
     ROWS_0003,
-    alembic_in_process,
     check_0003_rows,
     rows_0003,
     stage_0003,
 )
+from tests.in_process import alembic_in_process
 from tests.sqld import SqldServer
 
 pytestmark = pytest.mark.sqld

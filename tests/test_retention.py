@@ -31,7 +31,8 @@ from harel_store.models import Status
 from harel_store.pace import Pacer
 from harel_store.schema import describe
 from harel_store.sql import HEAD, QUERIES
-from tests.helpers import ALEMBIC, alembic_in_process, raw
+from tests.helpers import ALEMBIC, raw
+from tests.in_process import alembic_in_process
 
 
 @pytest.fixture(autouse=True)

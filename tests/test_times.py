@@ -31,7 +31,8 @@ from harel_store import (
 )
 from harel_store.schema import describe
 from harel_store.sql import HEAD
-from tests.helpers import ALEMBIC, Refusal, alembic_in_process, raises_each, raw
+from tests.helpers import ALEMBIC, Refusal, raises_each, raw
+from tests.in_process import alembic_in_process
 
 # id -> (status, parent_id, updated_at staged; None: written before 0005)
 ROWS: dict[str, tuple[str, str | None, float | None]] = {

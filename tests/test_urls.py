@@ -37,7 +37,8 @@ from harel_store.connection.url import (
     show,
     token_from_env,
 )
-from tests.helpers import ALEMBIC, alembic_in_process
+from tests.helpers import ALEMBIC
+from tests.in_process import alembic_in_process
 from tests.sqld import SqldServer
 from tests.test_cli import cli, failed, ok
 
