@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import io
 import locale
 import logging
@@ -43,12 +44,6 @@ _DEFAULT_FILTERS: tuple[tuple[str, type[Warning], str], ...] = (
     ("ignore", ImportWarning, ""),
     ("ignore", ResourceWarning, ""),
 )
-TIMEOUT = 120.0  # seconds, as the subprocess runs these replaced had
-
-
-class _TimedOut(BaseException):
-    """The call ran past its timeout (a BaseException: the command's ``except Exception``
-    must not take it for a failure of its own)."""
 
 
 def in_process(
@@ -57,20 +52,21 @@ def in_process(
     *,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    timeout: float = TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
     """``main(argv[1:])`` run in this process as ``subprocess.run(argv, cwd=cwd, env=env,
-    capture_output=True, text=True, timeout=timeout)`` would run a program that calls it:
-    ``env`` (None: this one's) is the environment, ``cwd`` the directory, ``argv`` is
-    ``sys.argv``; the exit status is what ``main`` returns, a SystemExit's code (as a
-    process's: -1 is 255), 1 for an exception and -2 for a KeyboardInterrupt, whose
-    traceback goes to stderr; past ``timeout`` (checked between Python's bytecodes), a
-    `subprocess.TimeoutExpired`.
+    capture_output=True, text=True)`` would run a program that calls it: ``env`` (None:
+    this one's) is the environment, ``cwd`` the directory, ``argv`` is ``sys.argv``; the
+    exit status is what ``main`` returns, a SystemExit's code (as a process's: -1 is 255),
+    1 for an exception and -2 for a KeyboardInterrupt, whose traceback goes to stderr.
+    What the command left for the garbage collector is collected, as a process's exit
+    would free it (a ResourceWarning is ignored, as in a process).
 
     The test fails if the call leaves a regular file open (a database connection not
     closed: the test may read the file next with another SQLite library, which one process
     must never do while the other has it open), a non-daemon thread running (a process
-    would not end) or a SIGINT, SIGTERM or SIGALRM handler changed."""
+    would not end) or a SIGINT, SIGTERM or SIGALRM handler changed. No timeout of its own:
+    a command that hangs is stopped by pytest-timeout, as any test is (a process could be
+    killed; a call in this one can not be)."""
     _before_first_call()
     handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
     threads = _non_daemon_threads()
@@ -80,7 +76,7 @@ def in_process(
         tempfile.TemporaryFile() as err,
         _process_state(argv, cwd, env),
     ):
-        with _streams(out.fileno(), err.fileno()) as stderr, _deadline(timeout):
+        with _streams(out.fileno(), err.fileno()) as stderr:
             try:
                 status = _exit_status(main(argv[1:]), stderr)
             except SystemExit as exc:
@@ -88,14 +84,11 @@ def in_process(
             except KeyboardInterrupt:  # a process ends by the signal: -SIGINT
                 traceback.print_exc(file=stderr)
                 status = -int(signal.SIGINT)
-            except _TimedOut:
-                status = None
             except Exception:
                 traceback.print_exc(file=stderr)
                 status = 1
+            gc.collect()  # under the command's warning filters
         stdout, stderr_text = _text(out), _text(err)
-    if status is None:
-        raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr_text)
     assert {n: signal.getsignal(n) for n in handlers} == handlers, f"{argv}: a handler set"
     assert _non_daemon_threads() <= threads, f"{argv}: a thread left running"
     left = _open_files() - files
@@ -204,6 +197,7 @@ def _logging_of_a_new_process() -> Iterator[None]:
     with logging._lock:  # type: ignore[attr-defined]
         handler_list = logging._handlerList[:]  # type: ignore[attr-defined]
         logging._handlerList.clear()  # type: ignore[attr-defined]
+        named = dict(logging._handlers)  # type: ignore[attr-defined]
     logging.root.handlers.clear()
     logging.root.setLevel(logging.WARNING)
     try:
@@ -211,6 +205,7 @@ def _logging_of_a_new_process() -> Iterator[None]:
     finally:
         with logging._lock:  # type: ignore[attr-defined]
             logging._handlerList[:0] = handler_list  # type: ignore[attr-defined]
+            logging._handlers.update(named)  # type: ignore[attr-defined]
         for lg, level, handlers, propagate, disabled in kept:
             lg.setLevel(level)
             lg.handlers[:] = handlers
@@ -235,22 +230,6 @@ def _death_signal() -> int:
 def _set_death_signal(number: int) -> None:
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(1, number)
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """`_TimedOut` raised in this (the main) thread after ``seconds``."""
-
-    def expire(signum: int, frame: object) -> None:
-        raise _TimedOut
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _non_daemon_threads() -> set[threading.Thread]:

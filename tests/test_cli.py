@@ -1,6 +1,6 @@
 """The ``harel-store`` console script on a local file and on sqld: its ``main`` run in the
 test's process as a process would run it (`cli`), and the script in processes of its own
-where the process is what is tested (`cli_process`)."""
+where the process is what is tested (its entry point, version, pipes, a terminal)."""
 
 from __future__ import annotations
 
@@ -33,28 +33,12 @@ CLI = Path(sys.executable).with_name("harel-store")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cli_process(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The console script run in a process of its own: for what only a process shows (its
-    start, exit status, signals, what it leaves behind), and for commands that bound
-    themselves by killing their own process."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
-    return subprocess.run(
-        [str(CLI), *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**base, **(env or {})},
-        timeout=120,
-    )
-
-
 def cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The console script's ``main`` run in this process, as ``cli_process`` would run it:
-    see `tests.helpers.in_process`."""
+    """The console script run as ``subprocess.run([CLI, *args], ...)`` would run it, with
+    this environment's $HAREL_* variables left out and ``env`` added, but its ``main`` in
+    this process: see `tests.in_process`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("HAREL_")}
     return in_process(main, [str(CLI), *args], cwd=cwd, env={**base, **(env or {})})
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from harel_store import HEAD, Execution, Fleet
-from tests.test_cli import cli, cli_process
+from tests.test_cli import cli
 
 SECRET = "fleet-secret-" + "k" * 24  # a token the server refuses
 
@@ -389,23 +389,22 @@ def test_a_migrate_parent_come_from_outside(tmp_path: Path, sqld: Any) -> None:
     passes neither on: each worker bounds its own migrations, a server's too); one
     migration against a server is refused in one line that names the variable (before,
     it ended at once with exit status 1 and nothing said, or went on). A value that is
-    digits only to `str.isdigit` (``²``) names no process either; an empty one is none.
-    Each command in a process of its own: a process reads $HAREL_MIGRATE_PARENT once."""
+    digits only to `str.isdigit` (``²``) names no process either; an empty one is none."""
     from tests.helpers import ALEMBIC
 
     fleet = write_fleet(tmp_path / "fleet.txt", {"a": str(tmp_path / "a.db"), "b": sqld.url})
     for value in ("0", "\u00b2"):
         leaked = {"HAREL_MIGRATE_PARENT": value, "HAREL_DIE_WITH": value}
         with_token = {**leaked, "HAREL_AUTH_TOKEN": sqld.token}
-        result = cli_process("--fleet", str(fleet), "migrate", "--create", env=with_token)
+        result = cli("--fleet", str(fleet), "migrate", "--create", env=with_token)
         assert result.returncode == 0, result.stderr
         assert "2 ok, 0 failed" in result.stdout.splitlines()[-1]
-        on_server = cli_process("migrate", "--url", sqld.url, env=with_token)
+        on_server = cli("migrate", "--url", sqld.url, env=with_token)
         assert on_server.returncode == 1, on_server.stderr
         (line,) = on_server.stderr.splitlines()
         assert line.startswith("harel-store: error: $HAREL_MIGRATE_PARENT (")
         assert line.endswith("(unset it)")
-    empty = cli_process(
+    empty = cli(
         "migrate",
         "--url",
         sqld.url,
