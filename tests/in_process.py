@@ -75,6 +75,7 @@ def in_process(
         tempfile.TemporaryFile() as out,
         tempfile.TemporaryFile() as err,
         _process_state(argv, cwd, env),
+        _collected(),
     ):
         with _streams(out.fileno(), err.fileno()) as stderr:
             try:
@@ -87,7 +88,6 @@ def in_process(
             except Exception:
                 traceback.print_exc(file=stderr)
                 status = 1
-            gc.collect()  # under the command's warning filters
         stdout, stderr_text = _text(out), _text(err)
     assert {n: signal.getsignal(n) for n in handlers} == handlers, f"{argv}: a handler set"
     assert _non_daemon_threads() <= threads, f"{argv}: a thread left running"
@@ -120,6 +120,19 @@ def alembic_in_process(
         line.run_cmd(config, options)
 
     return in_process(alembic, [command[0], *command[3:]], cwd=cwd, env=env)
+
+
+@contextlib.contextmanager
+def _collected() -> Iterator[None]:
+    """What the block left for the garbage collector collected at its end (here, under the
+    command's warning filters). The objects from before it are frozen meanwhile: a full
+    collection of this process takes ~60 ms, one of the block's objects ~1 ms."""
+    gc.freeze()
+    try:
+        yield
+        gc.collect()
+    finally:
+        gc.unfreeze()
 
 
 _prepared = False
