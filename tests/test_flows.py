@@ -1226,9 +1226,9 @@ def test_0011_keys_and_ranks_the_items_stored_before_it(how: str, tmp_path: Path
         assert [s.child_id for s in store.claim_spawns("w1", limit=2)] == ["A.k1", "B.k"]
         store.pause_flow("A")
         assert [t.execution_id for t in store.claim_due_timers("w1", NOW)] == ["B"]
-    # The cursors hold the closed store's connection open (libsql closes it with its last
-    # statement): the downgrade's own would then stay open behind it (SQLite keeps a file's
-    # descriptors until the process's last connection to it closes).
+    # The cursors hold the closed store's connection open, and its lock on the file: SQLite
+    # would then keep the descriptor of the downgrade's own connection open after it closed
+    # (a POSIX lock is the process's: closing any descriptor of the file would drop it).
     del conn, outbox, spawns, timers
     if how == "alembic":  # and back: the items stay, claims and all, without their flows
         alembic_steps((db, "downgrade", "0010"))
