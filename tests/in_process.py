@@ -35,6 +35,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
+# Imported before any call (with SQLAlchemy): Alembic adds a handler to its logger and
+# SQLAlchemy sets its logger's level when imported, and a call puts the logging back as it
+# was before it; a first import inside a call would be taken down with the rest.
+from alembic.config import CommandLine, Config
+
+from harel_store import migrate
+
 # Python's warning filters in a process started without -W or -X dev (the list
 # `warnings.filters` starts with), beside the test run's own ("error").
 _DEFAULT_FILTERS: tuple[tuple[str, type[Warning], str], ...] = (
@@ -67,7 +74,6 @@ def in_process(
     would not end) or a SIGINT, SIGTERM or SIGALRM handler changed. No timeout of its own:
     a command that hangs is stopped by pytest-timeout, as any test is (a process could be
     killed; a call in this one can not be)."""
-    _before_first_call()
     handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
     threads = _non_daemon_threads()
     files = _open_files()
@@ -102,8 +108,6 @@ def alembic_in_process(
     """``command``, ``python -m alembic ...`` (`tests.helpers.ALEMBIC` and its arguments),
     run in this process as `in_process` runs a program: Alembic's command line, its ini's
     logging, its exit status (a failure's is 255, with ``FAILED: ...`` on stdout)."""
-    from alembic.config import CommandLine, Config
-
     assert command[1:3] == ["-m", "alembic"], command
 
     def alembic(argv: list[str]) -> None:
@@ -135,32 +139,14 @@ def _collected() -> Iterator[None]:
         gc.unfreeze()
 
 
-_prepared = False
-
-
-def _before_first_call() -> None:
-    """Import what sets loggers up when imported (Alembic's adds a handler, SQLAlchemy's
-    sets a level), so that it is in place before the first call keeps the logging as it
-    was: else the first command that imports it would set it up, and the call would take
-    it down again after."""
-    global _prepared
-    if not _prepared:
-        import alembic.command
-        import alembic.config  # noqa: F401
-
-        _prepared = True
-
-
 @contextlib.contextmanager
 def _process_state(
     argv: list[str], cwd: Path | None, env: Mapping[str, str] | None
 ) -> Iterator[None]:
     """The environment, directory, argv, warning filters and logging of a new process, and
     the package's once-a-process settings unread; all as they were after the block."""
-    from harel_store import migrate
-
     saved_env, here, saved_argv = dict(os.environ), Path.cwd(), sys.argv
-    bounded, death_signal = migrate._bounded, _death_signal()
+    bounded, death = migrate._bounded, death_signal()
     try:
         with _logging_of_a_new_process(), warnings.catch_warnings():
             warnings.resetwarnings()
@@ -175,7 +161,7 @@ def _process_state(
             yield
     finally:
         migrate._bounded = bounded
-        _set_death_signal(death_signal)
+        migrate._on_parent_death(death)
         sys.argv = saved_argv
         os.chdir(here)
         _set_environment(saved_env)
@@ -230,7 +216,7 @@ def _logging_of_a_new_process() -> Iterator[None]:
                 lg.propagate, lg.disabled = True, False
 
 
-def _death_signal() -> int:
+def death_signal() -> int:
     """The signal this process gets when its parent ends (PR_GET_PDEATHSIG; 0 off Linux):
     a migration against a server, bounded by its parent, sets it."""
     if sys.platform != "linux":
@@ -238,11 +224,6 @@ def _death_signal() -> int:
     value = ctypes.c_int()
     ctypes.CDLL(None).prctl(2, ctypes.byref(value))
     return value.value
-
-
-def _set_death_signal(number: int) -> None:
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, number)
 
 
 def _non_daemon_threads() -> set[threading.Thread]:
@@ -295,9 +276,9 @@ def _text_stream(fd: int, like: IO[str] | None) -> io.TextIOWrapper:
 
 
 def _flush() -> None:
-    """Every stream that writes to descriptor 1 or 2: sys.__stdout__ too, which Alembic's
-    Config writes to (its default, taken when alembic was imported). A stream the command
-    closed has nothing left to write."""
+    """Every stream that writes to descriptor 1 or 2: sys.__stdout__ and sys.__stderr__ too
+    (what a library took at its import, as Alembic's Config does for its default). A stream
+    the command closed has nothing left to write."""
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         if stream is not None:
             with contextlib.suppress(ValueError, OSError):

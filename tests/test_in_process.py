@@ -3,7 +3,6 @@ same exit status and output; and the test's process is as it was after the call.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import logging.config
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from harel_store import migrate
-from tests.in_process import in_process
+from tests.in_process import death_signal, in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 Program = Callable[[list[str]], int | None]
@@ -55,12 +54,6 @@ def _traceback_ends(text: str) -> str:
     if start < 0:
         return text
     return text[:start] + "Traceback (most recent call last):\n...\n" + text.splitlines()[-1] + "\n"
-
-
-def _death_signal() -> int:
-    value = ctypes.c_int()
-    ctypes.CDLL(None).prctl(2, ctypes.byref(value))
-    return value.value
 
 
 # --- the programs, each run both ways ---
@@ -169,7 +162,7 @@ def test_a_setting_read_once_a_process_is_read_afresh_and_put_back() -> None:
     """$HAREL_MIGRATE_PARENT, which a process reads once (and a run's child links its
     death to its parent's): read by the command as by a new process, whatever this one
     read; this process's reading and its death signal as they were after."""
-    bounded, death = migrate._bounded, _death_signal()
+    bounded, death = migrate._bounded, death_signal()
     migrate._bounded = False  # as if this process had read it, unset
     try:
         env = {**os.environ, migrate.PARENT: "0"}
@@ -178,7 +171,7 @@ def test_a_setting_read_once_a_process_is_read_afresh_and_put_back() -> None:
         # Naming this process's parent: the command is a bounded run's child.
         env[migrate.PARENT] = str(os.getppid())
         assert in_process(reads_the_migration_parent, ["-c"], env=env).returncode == 0
-        assert (migrate._bounded, _death_signal()) == (False, death)
+        assert (migrate._bounded, death_signal()) == (False, death)
     finally:
         migrate._bounded = bounded
 
