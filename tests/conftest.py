@@ -145,9 +145,13 @@ def proxy(server: Any) -> Iterator[Any]:
 
 def reset_remote(server: Any) -> None:
     """Empty the server's database between tests (one server serves the whole session): its
-    rows, and the triggers tests added (the schema's own are named harel_*). Two requests:
-    the names, then one transaction that empties them (a request a statement cost a reset
-    ~2.5 times the server's and this process's CPU, and ~800 tests reset)."""
+    rows, and the triggers tests added (the schema's own are named harel_*); dropped first,
+    so that none of them fires on the deletes or the seed. The deletes go as one transaction
+    in one request (a request a statement cost a reset ~2.5 times the server's and this
+    process's CPU, and ~800 tests reset), then what it left is read back: libsql's
+    executescript over a server says nothing of a statement that failed or of a request
+    that did not arrive. When the read differs, the statements go again one at a time,
+    which raises the error there is."""
     import libsql
 
     conn = libsql.connect(server.url, auth_token=server.token)
@@ -155,27 +159,40 @@ def reset_remote(server: Any) -> None:
         names = conn.execute(
             "SELECT type, name FROM sqlite_master WHERE "
             "(type = 'trigger' AND name NOT LIKE 'harel_%') "
-            "OR (type = 'table' AND name LIKE 'harel_%')"
+            "OR (type = 'table' AND name LIKE 'harel_%') ORDER BY type = 'table'"
         ).fetchall()
-        script = [f"DROP TRIGGER {n}" if t == "trigger" else f"DELETE FROM {n}" for t, n in names]
+        script = [
+            f'DROP TRIGGER "{n}"' if t == "trigger" else f'DELETE FROM "{n}"' for t, n in names
+        ]
         script += [
             "DELETE FROM sqlite_sequence",
             # The rows a migration seeds, as a fresh database has them (0011's flow clock).
             "INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', 0), ('spawn', 0)",
         ]
-        conn.executescript(";\n".join(["BEGIN", *script, "COMMIT"]))
-        # executescript over a server says nothing of a statement that failed (the rest is
-        # left undone): what it did is read back.
-        left = " + ".join(
-            f"(SELECT count(*) FROM {n})"
+        rows = " + ".join(
+            f'(SELECT count(*) FROM "{n}")'
             for t, n in names
             if t == "table" and n != "harel_flow_clock"
         )
-        kept = conn.execute(
-            f"SELECT {left or 0}, (SELECT count(*) FROM harel_flow_clock), (SELECT count(*)"
-            " FROM sqlite_master WHERE type = 'trigger' AND name NOT LIKE 'harel_%')"
-        ).fetchone()
-        assert kept == (0, 2, 0), f"the session's sqld was not emptied: {kept}"
+        check = (
+            f"SELECT {rows or 0} AS rows_left,"
+            " (SELECT count(*) FROM harel_flow_clock WHERE rank = 0) AS clock_rows_at_0,"
+            " (SELECT count(*) FROM harel_flow_clock) AS clock_rows,"
+            " (SELECT count(*) FROM sqlite_master WHERE type = 'trigger'"
+            "  AND name NOT LIKE 'harel_%') AS test_triggers,"
+            " (SELECT count(*) FROM sqlite_sequence) AS sequences"
+        )
+        emptied = (0, 2, 2, 0, 0)
+        conn.executescript(";\n".join(["BEGIN", *script, "COMMIT"]))
+        if conn.execute(check).fetchone() != emptied:
+            for statement in script:
+                conn.execute(statement)
+            conn.commit()
+            kept = conn.execute(check).fetchone()
+            assert kept == emptied, (
+                "the session's sqld was not emptied (rows left, clock rows at 0, clock rows,"
+                f" test triggers, sequences): {kept}"
+            )
     finally:
         conn.close()
 

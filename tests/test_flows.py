@@ -111,19 +111,10 @@ def flow(store: Any, key: str) -> Flow | None:
 
 
 @pytest.fixture
-def store(open_store: Any, kind: str) -> Any:
-    """conftest's store of each kind; on the test server, its flow clock seeded as on a new
-    database (conftest's reset_remote empties every harel_* table between tests, the seed
-    rows of harel_flow_clock too: without them the claims never move the clock, and the
-    tests there would check a state no migrated database is in)."""
-    store = open_store()
-    if kind.endswith(("-remote", "-replica")):
-        db = raw(store)
-        db.execute("INSERT OR IGNORE INTO harel_flow_clock VALUES ('outbox', 0), ('spawn', 0)")
-        db.commit()
-        db.close()  # the test's own connection to the server (raw's, for these kinds)
-        store.sync()
-    return store
+def store(open_store: Any) -> Any:
+    """conftest's store of each kind (on the test server, conftest's reset_remote seeds the
+    flow clock's rows as a migrated database has them)."""
+    return open_store()
 
 
 @pytest.fixture(params=["no-settings", "some-settings"])
