@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from harel_store import AsyncLibsqlStore, LibsqlStore, SqliteStore
 from harel_store.connection.local import import_libsql
-from tests.helpers import SIGINT_LEFT, SyncFacade
+from tests.helpers import SIGINT_LEFT, SyncFacade, raw
 
 Opener = Callable[..., Any]
 
@@ -143,26 +144,40 @@ def proxy(server: Any) -> Iterator[Any]:
         yield p
 
 
+@functools.cache
+def schema_triggers() -> frozenset[str]:
+    """The triggers a migrated database has: any other one is a test's."""
+    with LibsqlStore(":memory:") as store:
+        rows = raw(store).execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        return frozenset(name for (name,) in rows.fetchall())
+
+
 def reset_remote(server: Any) -> None:
     """Empty the server's database between tests (one server serves the whole session): its
-    rows, and the triggers tests added (the schema's own are named harel_*); dropped first,
-    so that none of them fires on the deletes or the seed. The deletes go as one transaction
-    in one request (a request a statement cost a reset ~2.5 times the server's and this
+    rows, and the triggers tests added (any the migrations did not make), dropped first, so
+    that none of them fires on the deletes or the seed. It all goes as one transaction in
+    one request (a request a statement cost a reset 2 to 3 times the server's and this
     process's CPU, and ~800 tests reset), then what it left is read back: libsql's
     executescript over a server says nothing of a statement that failed or of a request
-    that did not arrive. When the read differs, the statements go again one at a time,
-    which raises the error there is."""
+    that did not arrive. When the read differs, the statements go again one at a time (each
+    DROP commits alone, the deletes and the seed together), which raises the error there
+    is, and what they left is read back again."""
     import libsql
 
+    def quoted(name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
+    ours = ", ".join("'" + name.replace("'", "''") + "'" for name in sorted(schema_triggers()))
     conn = libsql.connect(server.url, auth_token=server.token)
     try:
         names = conn.execute(
             "SELECT type, name FROM sqlite_master WHERE "
-            "(type = 'trigger' AND name NOT LIKE 'harel_%') "
+            f"(type = 'trigger' AND name NOT IN ({ours})) "
             "OR (type = 'table' AND name LIKE 'harel_%') ORDER BY type = 'table'"
         ).fetchall()
         script = [
-            f'DROP TRIGGER "{n}"' if t == "trigger" else f'DELETE FROM "{n}"' for t, n in names
+            f"DROP TRIGGER {quoted(n)}" if t == "trigger" else f"DELETE FROM {quoted(n)}"
+            for t, n in names
         ]
         script += [
             "DELETE FROM sqlite_sequence",
@@ -170,16 +185,17 @@ def reset_remote(server: Any) -> None:
             "INSERT INTO harel_flow_clock (kind, rank) VALUES ('outbox', 0), ('spawn', 0)",
         ]
         rows = " + ".join(
-            f'(SELECT count(*) FROM "{n}")'
+            f"(SELECT count(*) FROM {quoted(n)})"
             for t, n in names
             if t == "table" and n != "harel_flow_clock"
         )
         check = (
             f"SELECT {rows or 0} AS rows_left,"
-            " (SELECT count(*) FROM harel_flow_clock WHERE rank = 0) AS clock_rows_at_0,"
+            " (SELECT count(*) FROM harel_flow_clock WHERE rank = 0"
+            "  AND kind IN ('outbox', 'spawn')) AS clock_seeded,"
             " (SELECT count(*) FROM harel_flow_clock) AS clock_rows,"
             " (SELECT count(*) FROM sqlite_master WHERE type = 'trigger'"
-            "  AND name NOT LIKE 'harel_%') AS test_triggers,"
+            f"  AND name NOT IN ({ours})) AS test_triggers,"
             " (SELECT count(*) FROM sqlite_sequence) AS sequences"
         )
         emptied = (0, 2, 2, 0, 0)
@@ -190,7 +206,7 @@ def reset_remote(server: Any) -> None:
             conn.commit()
             kept = conn.execute(check).fetchone()
             assert kept == emptied, (
-                "the session's sqld was not emptied (rows left, clock rows at 0, clock rows,"
+                "the session's sqld was not emptied (rows left, clock rows seeded, clock rows,"
                 f" test triggers, sequences): {kept}"
             )
     finally:
